@@ -1,0 +1,7 @@
+"""kfac-hpc: distributed K-FAC for PyTorch and the tooling to run scaling studies on HPC clusters."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__"]

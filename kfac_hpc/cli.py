@@ -1,0 +1,48 @@
+"""The ``kfac-hpc`` command: a thin click group whose subcommands live beside their code.
+
+Subcommands are imported only when used, so ``kfac-hpc --help`` stays fast and a broken
+optional dependency affects only the command that needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import click
+
+from kfac_hpc import __version__
+
+# name -> "module:attribute" of a click command
+COMMANDS: dict[str, str] = {
+    "doctor": "kfac_hpc.runtime.doctor:doctor",
+}
+
+
+class LazyGroup(click.Group):
+    """A group that imports a subcommand's module on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        command: Any = getattr(importlib.import_module(module_name), attr)
+        return command  # type: ignore[no-any-return]
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="kfac-hpc")
+def main() -> None:
+    """Distributed K-FAC training and scaling studies on Slurm/MPI clusters.
+
+    \b
+    Typical use:
+      kfac-hpc doctor                     check torch, MPI, Slurm, h5py, Parsl
+      kfac-hpc train --run-dir RUN ...    one training run (under srun or mpiexec)
+      kfac-hpc sweep --nodes 1,2,4 ...    a scaling sweep as Slurm job arrays
+      kfac-hpc report SWEEP_DIR           tables and plots of a sweep
+    """

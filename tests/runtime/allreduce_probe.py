@@ -1,0 +1,28 @@
+"""Started as N real ranks by the tests: all-reduce through the runtime, print one JSON line."""
+
+import json
+
+import torch
+import torch.distributed as dist
+
+from kfac_hpc.runtime import init_distributed, shutdown
+
+ctx = init_distributed(timeout_s=120)
+value = torch.tensor([float(ctx.rank + 1)])
+dist.all_reduce(value)
+print(
+    json.dumps(
+        {
+            "rank": ctx.rank,
+            "world_size": ctx.world_size,
+            "pg_world_size": dist.get_world_size(),
+            "local_rank": ctx.launch.local_rank,
+            "source": ctx.launch.source,
+            "rendezvous": ctx.rendezvous.source,
+            "backend": ctx.backend,
+            "sum": value.item(),
+        }
+    ),
+    flush=True,
+)
+shutdown()

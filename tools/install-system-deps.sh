@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install the Debian packages the test suite needs, only those missing:
+# slurm-wlm and munge (the local test cluster) and hdf5-tools (h5ls/h5dump on checkpoints).
+set -euo pipefail
+missing=()
+command -v slurmctld >/dev/null || missing+=(slurm-wlm)
+command -v munged >/dev/null || missing+=(munge)
+command -v h5ls >/dev/null || missing+=(hdf5-tools)
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+  echo "missing system packages: ${missing[*]}; install them: sudo apt-get install ${missing[*]}" >&2
+  exit 2
+fi
+echo "installing ${missing[*]} with apt-get" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Run the whole test suite against a freshly started local Slurm cluster, and stop the
+# cluster afterwards whatever happens. Extra arguments go to pytest.
+set -euo pipefail
+top="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$top"
+bash slurm/cluster.sh start
+trap 'bash slurm/cluster.sh stop' EXIT
+export SLURM_CONF="$top/.work/slurm/etc/slurm.conf"
+export PATH="$top/.venv/bin:$PATH"
+# The Slurm tests must run here: a missing cluster is an error, not a skip.
+export KFAC_HPC_REQUIRE_SLURM=1
+.venv/bin/pytest "$@"
