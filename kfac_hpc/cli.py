@@ -31,7 +31,7 @@ class LazyGroup(click.Group):
             return None
         module_name, attr = target.split(":")
         command: Any = getattr(importlib.import_module(module_name), attr)
-        return command  # type: ignore[no-any-return]
+        return command
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

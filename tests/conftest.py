@@ -17,7 +17,14 @@ VENV_BIN = Path(sys.executable).parent
 # Variables that tell a process how it was launched; a test that starts its own ranks must not
 # let the ones of the shell that runs pytest leak into them.
 _LAUNCH_PREFIXES = ("SLURM_", "PMI_", "PMIX_", "OMPI_", "MPI_LOCAL", "HYDRA_")
-_LAUNCH_NAMES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+_LAUNCH_NAMES = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+}
 
 
 def clean_env(extra: dict[str, str] | None = None, keep_slurm_conf: bool = True) -> dict[str, str]:
@@ -59,9 +66,7 @@ def _slurm_reachable() -> str | None:
         return "sinfo not on PATH"
     if "SLURM_CONF" not in os.environ:
         return "SLURM_CONF is not set (start the cluster: bash slurm/cluster.sh start)"
-    out = subprocess.run(
-        ["sinfo", "-h", "-o", "%D %t"], capture_output=True, text=True, timeout=30
-    )
+    out = subprocess.run(["sinfo", "-h", "-o", "%D %t"], capture_output=True, text=True, timeout=30)
     if out.returncode != 0:
         return f"sinfo failed: {out.stderr.strip()}"
     return None

@@ -37,9 +37,23 @@ def _torch() -> list[Check]:
     gpus = torch.cuda.device_count() if cuda else 0
     checks = [
         Check("torch", True, f"{torch.__version__}"),
-        Check("cuda", True, f"{gpus} GPU(s), CUDA {torch.version.cuda}" if cuda else "not available (CPU only)", required=False),
-        Check("gloo", dist.is_gloo_available(), "available" if dist.is_gloo_available() else "not built into this torch"),
-        Check("nccl", dist.is_nccl_available() or not cuda, "available" if dist.is_nccl_available() else "not built into this torch", required=cuda),
+        Check(
+            "cuda",
+            True,
+            f"{gpus} GPU(s), CUDA {torch.version.cuda}" if cuda else "not available (CPU only)",
+            required=False,
+        ),
+        Check(
+            "gloo",
+            dist.is_gloo_available(),
+            "available" if dist.is_gloo_available() else "not built into this torch",
+        ),
+        Check(
+            "nccl",
+            dist.is_nccl_available() or not cuda,
+            "available" if dist.is_nccl_available() else "not built into this torch",
+            required=cuda,
+        ),
     ]
     return checks
 
@@ -63,7 +77,9 @@ def _mpi() -> list[Check]:
             )
         ]
     version = MPI.Get_library_version().strip().splitlines()[0]
-    return [Check("mpi", True, f"mpi4py {importlib.import_module('mpi4py').__version__}, {version}")]
+    return [
+        Check("mpi", True, f"mpi4py {importlib.import_module('mpi4py').__version__}, {version}")
+    ]
 
 
 def _launch() -> list[Check]:
@@ -73,7 +89,14 @@ def _launch() -> list[Check]:
         info = discover_launch(mpi_probe=lambda: None)
     except LaunchError as exc:
         return [Check("launch", False, str(exc))]
-    return [Check("launch", True, f"rank {info.rank}/{info.world_size}, local {info.local_rank}/{info.local_world_size}, source {info.source}")]
+    return [
+        Check(
+            "launch",
+            True,
+            f"rank {info.rank}/{info.world_size}, local {info.local_rank}/"
+            f"{info.local_world_size}, source {info.source}",
+        )
+    ]
 
 
 def _slurm() -> list[Check]:

@@ -65,7 +65,9 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise LaunchError(f"{name}={value!r} is not an integer; unset it or fix the launcher") from None
+        raise LaunchError(
+            f"{name}={value!r} is not an integer; unset it or fix the launcher"
+        ) from None
 
 
 def _from_env(env: Mapping[str, str]) -> LaunchInfo | None:
@@ -151,7 +153,8 @@ def _check_singleton_trap(env: Mapping[str, str], info: LaunchInfo) -> None:
     slurm_tasks = _int(env, "SLURM_NTASKS")
     if info.world_size == 1 and slurm_tasks is not None and slurm_tasks > 1:
         raise LaunchError(
-            f"SLURM_NTASKS={slurm_tasks} but this process sees a world of 1 (source: {info.source}): "
+            f"SLURM_NTASKS={slurm_tasks} but this process sees a world of 1 "
+            f"(source: {info.source}): "
             "it was started as a singleton, e.g. by a plain command in the batch script or by "
             "an mpiexec of another MPI than the one mpi4py loaded; start it with "
             "`srun --mpi=pmi2 ...` or the matching mpiexec"
@@ -171,8 +174,10 @@ def discover_launch(
     if info is None:
         slurm = _from_slurm(env)
         mpi = _from_openmpi(env) or _from_pmi(env)
-        if slurm is not None and mpi is not None and (
-            (mpi.rank, mpi.world_size) != (slurm.rank, slurm.world_size)
+        if (
+            slurm is not None
+            and mpi is not None
+            and ((mpi.rank, mpi.world_size) != (slurm.rank, slurm.world_size))
         ):
             info = mpi  # mpiexec inside an allocation: ranks carry the proxy step's variables
         else:

@@ -1,6 +1,7 @@
 """Started as N real ranks by the tests: all-reduce through the runtime, print one JSON line."""
 
 import json
+import os
 
 import torch
 import torch.distributed as dist
@@ -10,7 +11,7 @@ from kfac_hpc.runtime import init_distributed, shutdown
 ctx = init_distributed(timeout_s=120)
 value = torch.tensor([float(ctx.rank + 1)])
 dist.all_reduce(value)
-print(
+line = (
     json.dumps(
         {
             "rank": ctx.rank,
@@ -22,7 +23,8 @@ print(
             "backend": ctx.backend,
             "sum": value.item(),
         }
-    ),
-    flush=True,
+    )
+    + "\n"
 )
+os.write(1, line.encode())  # one write per rank: launchers merge the ranks' output streams
 shutdown()
