@@ -1,7 +1,18 @@
-"""kfac-hpc: distributed K-FAC for PyTorch, and the tooling for scaling studies on HPC clusters."""
+"""kfac-hpc: distributed K-FAC for PyTorch and the tooling to run scaling studies on HPC clusters."""
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["KFACPreconditioner", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that `import kfac_hpc` (the CLI, the analysis tools) does not import torch.
+    if name == "KFACPreconditioner":
+        from kfac_hpc.optim import KFACPreconditioner
+
+        return KFACPreconditioner
+    raise AttributeError(f"module 'kfac_hpc' has no attribute {name!r}")

@@ -15,7 +15,15 @@ from kfac_hpc import __version__
 
 # name -> "module:attribute" of a click command
 COMMANDS: dict[str, str] = {
+    "checkpoint": "kfac_hpc.checkpoint.inspect:checkpoint",
     "doctor": "kfac_hpc.runtime.doctor:doctor",
+    "sweep": "kfac_hpc.sweep.commands:sweep",
+    "status": "kfac_hpc.sweep.commands:status",
+    "resume": "kfac_hpc.sweep.commands:resume",
+    "cancel": "kfac_hpc.sweep.commands:cancel",
+    "train": "kfac_hpc.train.cli:train",
+    "collect": "kfac_hpc.analysis.cli:collect_command",
+    "report": "kfac_hpc.analysis.cli:report_command",
 }
 
 

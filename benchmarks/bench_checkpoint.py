@@ -1,0 +1,231 @@
+"""Checkpoint throughput and resume cost, each measured side by side with its baseline.
+
+1. Write and read of a ResNet-50-sized K-FAC state (A and G of every conv/linear layer, float32)
+   through CheckpointManager (HDF5, Fletcher-32, fsync, rename, `latest`) versus a raw write of
+   the same bytes to the same folder (one file, fsync) and a raw read of it. Target: HDF5 write
+   and read >= 50% of raw. Runs alternate; medians are reported.
+2. Resume (load + verify + restore + first step) versus a normal step, small CNN + SGD + K-FAC,
+   with the second-order data stored (no recompute) and without (eigendecompositions redone).
+
+Reads run right after the writes, so both raw and HDF5 reads come mostly from the page cache.
+Usage: .venv/bin/python benchmarks/bench_checkpoint.py [--dir DIR] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from kfac_hpc.checkpoint import (
+    CheckpointManager,
+    DataPosition,
+    TrainingState,
+    capture_training_state,
+    load_checkpoint,
+    restore_training_state,
+)
+from kfac_hpc.optim import KFACPreconditioner
+
+RESULTS = Path(__file__).resolve().parent / "results" / "checkpoint.json"
+
+
+def resnet50_factor_shapes() -> dict[str, tuple[int, int]]:
+    """(n_A, n_G) of every conv/linear layer of ResNet-50 (bias-free convs, fc with bias)."""
+    shapes = {"conv1": (3 * 7 * 7, 64)}
+    in_ch = 64
+    for stage, (mid, out, blocks) in enumerate(
+        [(64, 256, 3), (128, 512, 4), (256, 1024, 6), (512, 2048, 3)], start=1
+    ):
+        for block in range(blocks):
+            name = f"layer{stage}.{block}"
+            shapes[f"{name}.conv1"] = (in_ch, mid)
+            shapes[f"{name}.conv2"] = (mid * 9, mid)
+            shapes[f"{name}.conv3"] = (mid, out)
+            if block == 0:
+                shapes[f"{name}.downsample.0"] = (in_ch, out)
+            in_ch = out
+    shapes["fc"] = (2048 + 1, 1000)
+    return shapes
+
+
+def resnet50_state() -> TrainingState:
+    layers = {
+        name: {"A": torch.rand(n_a, n_a), "G": torch.rand(n_g, n_g)}
+        for name, (n_a, n_g) in resnet50_factor_shapes().items()
+    }
+    shared: dict[str, Any] = {
+        "schema_version": 1,
+        "step": 1,
+        "world_size": 1,
+        "kfac_state": {"format": 1, "steps": 1, "layers": layers},
+    }
+    return TrainingState(1, shared, {"rng": {"torch_cpu": torch.get_rng_state()}})
+
+
+def state_bytes(state: TrainingState) -> int:
+    layers = state.shared["kfac_state"]["layers"]
+    return sum(t.numel() * t.element_size() for entry in layers.values() for t in entry.values())
+
+
+def raw_write(path: Path, state: TrainingState) -> float:
+    start = time.perf_counter()
+    with open(path, "wb") as fh:
+        for entry in state.shared["kfac_state"]["layers"].values():
+            for tensor in entry.values():
+                fh.write(tensor.numpy().data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return time.perf_counter() - start
+
+
+def raw_read(path: Path, nbytes: int) -> float:
+    start = time.perf_counter()
+    buffer = bytearray(nbytes)
+    with open(path, "rb", buffering=0) as fh:
+        view = memoryview(buffer)
+        done = 0
+        while done < nbytes:
+            done += fh.readinto(view[done:])
+    return time.perf_counter() - start
+
+
+def throughput(directory: Path, repeats: int) -> dict[str, Any]:
+    state = resnet50_state()
+    nbytes = state_bytes(state)
+    manager = CheckpointManager(directory / "ckpt", keep=1)
+    raw_path = directory / "raw.bin"
+    times: dict[str, list[float]] = {"raw_write": [], "h5_write": [], "raw_read": [], "h5_read": []}
+    for _ in range(repeats):
+        times["raw_write"].append(raw_write(raw_path, state))
+        start = time.perf_counter()
+        path = manager.save(state)
+        times["h5_write"].append(time.perf_counter() - start)
+        times["raw_read"].append(raw_read(raw_path, nbytes))
+        start = time.perf_counter()
+        load_checkpoint(path)
+        times["h5_read"].append(time.perf_counter() - start)
+    raw_path.unlink()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    gb = nbytes / 1e9
+    out = {
+        "layers": len(resnet50_factor_shapes()),
+        "factor_bytes": nbytes,
+        "file_bytes": path.stat().st_size,
+        **{f"{k}_s": v for k, v in med.items()},
+        **{f"{k}_gb_per_s": gb / v for k, v in med.items()},
+        "write_ratio": med["raw_write"] / med["h5_write"],
+        "read_ratio": med["raw_read"] / med["h5_read"],
+    }
+    return out
+
+
+def small_cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * 8 * 8, 256), nn.ReLU(), nn.Linear(256, 10),
+    )  # fmt: skip
+
+
+def _setup() -> tuple[nn.Module, torch.optim.Optimizer, KFACPreconditioner]:
+    model = small_cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return model, opt, KFACPreconditioner(model, factor_update_steps=10, inv_update_steps=100)
+
+
+def _step(model: nn.Module, opt: torch.optim.Optimizer, kfac: KFACPreconditioner) -> None:
+    x, y = torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    kfac.step()
+    opt.step()
+
+
+def resume_cost(directory: Path, steps: int = 20) -> dict[str, Any]:
+    model, opt, kfac = _setup()
+    _step(model, opt, kfac)  # first step: factors and eigendecompositions exist afterwards
+    step_times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        _step(model, opt, kfac)
+        step_times.append(time.perf_counter() - start)
+    result: dict[str, Any] = {"step_s": statistics.median(step_times)}
+    for with_second in (True, False):
+        manager = CheckpointManager(directory / f"resume-{with_second}", keep=1)
+        state = capture_training_state(
+            step=steps + 1,
+            model=model,
+            optimizer=opt,
+            preconditioner=kfac,
+            data_position=DataPosition(0, steps + 1, 0),
+            include_second_order=with_second,
+        )
+        start = time.perf_counter()
+        manager.save(state)
+        save_s = time.perf_counter() - start
+        fresh_model, fresh_opt, fresh_kfac = _setup()
+        start = time.perf_counter()
+        ckpt = manager.load_latest()
+        assert ckpt is not None
+        restore_training_state(
+            ckpt, model=fresh_model, optimizer=fresh_opt, preconditioner=fresh_kfac
+        )
+        load_s = time.perf_counter() - start
+        _step(fresh_model, fresh_opt, fresh_kfac)
+        resume_s = time.perf_counter() - start
+        key = "with_second_order" if with_second else "without_second_order"
+        result[key] = {
+            "save_s": save_s,
+            "load_s": load_s,
+            "resume_s": resume_s,
+            "resume_over_step": resume_s / result["step_s"],
+        }
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, default=None, help="folder on the disk to measure")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    base = args.dir or Path(__file__).resolve().parent / "results"
+    base.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=base, prefix="bench-ckpt-") as tmp:
+        thr = throughput(Path(tmp), args.repeats)
+        print(
+            f"ResNet-50 K-FAC factors: {thr['layers']} layers, {thr['factor_bytes'] / 1e6:.0f} MB "
+            f"(file {thr['file_bytes'] / 1e6:.0f} MB)"
+        )
+        for op in ("write", "read"):
+            print(
+                f"  {op:5s}: HDF5 {thr[f'h5_{op}_gb_per_s']:.2f} GB/s, raw "
+                f"{thr[f'raw_{op}_gb_per_s']:.2f} GB/s -> {thr[f'{op}_ratio']:.0%} of raw "
+                "(target >= 50%)"
+            )
+        res = resume_cost(Path(tmp))
+    print(f"small CNN + SGD + K-FAC, batch 64: normal step {res['step_s'] * 1e3:.1f} ms")
+    for key in ("with_second_order", "without_second_order"):
+        r = res[key]
+        print(
+            f"  resume {key.replace('_', ' ')}: load {r['load_s'] * 1e3:.1f} ms, load + first step "
+            f"{r['resume_s'] * 1e3:.1f} ms = {r['resume_over_step']:.1f}x a normal step "
+            f"(save {r['save_s'] * 1e3:.1f} ms)"
+        )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"schema": 1, "throughput": thr, "resume": res}, indent=2))
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""K-FAC overhead on CIFAR ResNet-32 shapes, batch 64, 2 threads, CPU: one command.
+
+    .venv/bin/python benchmarks/bench_kfac.py [--rounds 3]
+
+Measures side by side, interleaved in rounds so that machine noise hits both alike:
+
+1. step time of SGD+K-FAC over plain SGD (forward, backward, ``preconditioner.step()``,
+   ``optimizer.step()``) with factors every 10 steps and inverses every 100 (target ≤ 1.25×),
+   and with factors and inverses every step (target ≤ 4.5×). The 10/100 figure is the
+   steady-state mean of 100 steps, (90·plain + 9·factor + 1·factor-and-inverse)/100, from
+   measured steps of each kind (running 100 real steps would take minutes here).
+2. factor computation (A and G of every layer from one batch's captured inputs and output
+   gradients, exactly as the preconditioner computes them) in effective GFLOP/s, counting
+   2·M·n² per factor, next to plain ``torch.matmul`` of the same (n × M)·(M × n) shapes
+   (target ≥ 70%).
+
+Prints the ratios and writes benchmarks/results/bench_kfac.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kfac_hpc.optim import KFACPreconditioner
+from kfac_hpc.optim.layers import KFACLayer
+from kfac_hpc.train.models import build_model
+
+BATCH = 64
+THREADS = 2
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_kfac.json"
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return build_model("resnet32", (3, 32, 32), 10)
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    return torch.randn(BATCH, 3, 32, 32), torch.randint(0, 10, (BATCH,))
+
+
+class Trainer:
+    """One model, its SGD optimizer and (optionally) its K-FAC preconditioner."""
+
+    def __init__(self, **kfac_options: object) -> None:
+        self.model = _model()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.pre = KFACPreconditioner(self.model, lr=0.01, **kfac_options) if kfac_options else None
+        self.x, self.y = _batch()
+
+    def step(self) -> float:
+        """Seconds of one full training step."""
+        start = time.perf_counter()
+        self.opt.zero_grad()
+        nn.functional.cross_entropy(self.model(self.x), self.y).backward()
+        if self.pre is not None:
+            self.pre.step()
+        self.opt.step()
+        return time.perf_counter() - start
+
+    def next_is_factor_step(self) -> bool:
+        assert self.pre is not None
+        return self.pre.steps % 10 == 0
+
+
+def _step_kind(trainer: Trainer, factor: bool) -> float:
+    """Time the next step of the 10/100 preconditioner that is (not) a factor step; steps of
+    the other kind are run untimed. Its inverse steps (every 100) are never reached: they cost
+    what a step of the every-step preconditioner costs."""
+    while trainer.next_is_factor_step() != factor:
+        trainer.step()
+    return trainer.step()
+
+
+def bench_step_times(rounds: int) -> dict[str, float]:
+    sgd = Trainer()
+    every = Trainer(factor_update_steps=1, inv_update_steps=1)
+    sparse = Trainer(factor_update_steps=10, inv_update_steps=100)
+    for trainer in (sgd, every, sparse):
+        trainer.step()  # warm-up: allocator, first decompositions (step 0 of ``sparse``)
+    times: dict[str, list[float]] = {k: [] for k in ("sgd", "every", "plain", "factor")}
+    for _ in range(rounds):
+        times["sgd"] += [sgd.step(), sgd.step()]
+        times["every"].append(every.step())
+        times["plain"] += [_step_kind(sparse, False), _step_kind(sparse, False)]
+        times["factor"].append(_step_kind(sparse, True))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    med["inverse"] = med["every"]  # a factor-and-inverse step
+    amortised = (90 * med["plain"] + 9 * med["factor"] + med["inverse"]) / 100
+    return {
+        "sgd_step_s": med["sgd"],
+        "kfac_every_step_s": med["every"],
+        "kfac_10_100_plain_step_s": med["plain"],
+        "kfac_10_100_factor_step_s": med["factor"],
+        "kfac_10_100_inverse_step_s": med["inverse"],
+        "kfac_10_100_step_s": amortised,
+        "ratio_10_100": amortised / med["sgd"],
+        "ratio_every_step": med["every"] / med["sgd"],
+    }
+
+
+def _capture(model: nn.Module, layers: dict[str, KFACLayer]) -> dict[str, tuple[torch.Tensor, ...]]:
+    """Each layer's input and output gradient for one batch."""
+    captured: dict[str, list[torch.Tensor]] = {name: [] for name in layers}
+    handles = []
+    for name, layer in layers.items():
+
+        def hook(
+            _m: nn.Module, inp: tuple[torch.Tensor, ...], out: torch.Tensor, n: str = name
+        ) -> None:
+            captured[n].append(inp[0].detach())
+            out.register_hook(lambda g: captured[n].append(g.detach()))
+
+        handles.append(layer.module.register_forward_hook(hook))
+    x, y = _batch()
+    nn.functional.cross_entropy(model(x), y).backward()
+    for h in handles:
+        h.remove()
+    return {name: tuple(v) for name, v in captured.items()}
+
+
+def _best_of(fn: Callable[[], object], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def bench_factor_flops(repeats: int) -> dict[str, float]:
+    model = _model()
+    pre = KFACPreconditioner(model)
+    pre.remove_hooks()
+    captured = _capture(model, pre.layers)
+    shapes: list[tuple[int, int, int]] = []  # (groups, M, n) of every factor
+    for name, layer in pre.layers.items():
+        x, g = captured[name]
+        rows_a, rows_g = layer.a_rows(x), layer.g_rows(g)
+        shapes += [
+            (layer.groups, rows_a.shape[1], layer.n_a),
+            (layer.groups, rows_g.shape[1], layer.n_g),
+        ]
+    flops = sum(2 * groups * m * n * n for groups, m, n in shapes)
+
+    def ours() -> None:
+        with torch.no_grad():
+            for name, layer in pre.layers.items():
+                x, g = captured[name]
+                layer.a_factor(x, torch.float32)
+                layer.g_factor(g, 1.0, torch.float32)
+
+    operands = [torch.randn(groups, m, n) for groups, m, n in shapes]
+
+    def matmul() -> None:
+        for rows in operands:
+            torch.matmul(rows.mT, rows)
+
+    t_ours, t_matmul = _best_of(ours, repeats), _best_of(matmul, repeats)
+    return {
+        "factor_gflop": flops / 1e9,
+        "factor_s": t_ours,
+        "matmul_s": t_matmul,
+        "factor_gflops": flops / t_ours / 1e9,
+        "matmul_gflops": flops / t_matmul / 1e9,
+        "factor_vs_matmul": t_matmul / t_ours,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds (default 3)")
+    args = parser.parse_args()
+    torch.set_num_threads(THREADS)
+    started = time.perf_counter()
+    flops = bench_factor_flops(repeats=args.rounds)
+    steps = bench_step_times(args.rounds)
+    result = {
+        "schema": 1,
+        "benchmark": "kfac",
+        "model": "resnet32",
+        "batch": BATCH,
+        "threads": THREADS,
+        "torch": torch.__version__,
+        **steps,
+        **flops,
+        "targets": {"ratio_10_100": 1.25, "ratio_every_step": 4.5, "factor_vs_matmul": 0.7},
+        "wall_s": time.perf_counter() - started,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"ResNet-32, batch {BATCH}, {THREADS} threads (torch {torch.__version__})")
+    print(f"  SGD step                       {steps['sgd_step_s'] * 1e3:8.1f} ms")
+    print(
+        f"  SGD+K-FAC, factors/10 inv/100  {steps['kfac_10_100_step_s'] * 1e3:8.1f} ms  "
+        f"{steps['ratio_10_100']:.2f}x  (target <= 1.25x)"
+    )
+    print(
+        f"  SGD+K-FAC, every step          {steps['kfac_every_step_s'] * 1e3:8.1f} ms  "
+        f"{steps['ratio_every_step']:.2f}x  (target <= 4.5x)"
+    )
+    print(
+        f"  factor computation {flops['factor_gflop']:.1f} GFLOP: {flops['factor_gflops']:.1f} "
+        f"GFLOP/s vs matmul {flops['matmul_gflops']:.1f} GFLOP/s = "
+        f"{flops['factor_vs_matmul']:.0%}  (target >= 70%)"
+    )
+    print(
+        f"  wrote {RESULTS.relative_to(Path.cwd()) if RESULTS.is_relative_to(Path.cwd()) else RESULTS}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""``kfac-hpc collect`` and ``kfac-hpc report``: parse, call the library, print.
+
+Exit codes: 0 every point finished (``done``), 1 some point failed or is incomplete (the tables
+and the report are still written), 2 bad input (nothing written).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from kfac_hpc.analysis.collect import CollectError, Collection, collect
+from kfac_hpc.analysis.output import (
+    FORMATS,
+    RUN_TABLE_VIEW,
+    build_tables,
+    render,
+    write_tables,
+)
+from kfac_hpc.analysis.tables import RUN_COLUMNS
+
+EXIT_ALL_DONE, EXIT_NOT_ALL_DONE, EXIT_BAD_INPUT = 0, 1, 2
+
+_source = click.argument(
+    "source", type=click.Path(path_type=Path, file_okay=False), metavar="SWEEP_DIR"
+)
+_format = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="table",
+    show_default=True,
+    help="Terminal output: an aligned table, CSV or JSON.",
+)
+_target = click.option(
+    "--target-accuracy",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    help="Accuracy for time-to-target, overriding each run's own target (compare at one bar).",
+)
+
+
+def _collect_or_exit(source: Path) -> Collection:
+    try:
+        return collect(source)
+    except CollectError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def _exit_code(collection: Collection) -> int:
+    return EXIT_ALL_DONE if collection.all_done else EXIT_NOT_ALL_DONE
+
+
+def _summary_line(collection: Collection) -> str:
+    states: dict[str, int] = {}
+    for run in collection.runs:
+        states[run.state] = states.get(run.state, 0) + 1
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+    return f"{len(collection.runs)} run(s): {counts}"
+
+
+@click.command("collect")
+@_source
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Where the tables go  [default: SWEEP_DIR/analysis].",
+)
+@_format
+@_target
+def collect_command(
+    source: Path, out: Path | None, fmt: str, target_accuracy: float | None
+) -> None:
+    """Gather every run of SWEEP_DIR (or any folder of run directories) into tidy tables.
+
+    Writes runs, phases, segments and scaling tables as CSV and JSON Lines (and Parquet when
+    pyarrow is installed) and prints the runs. Exit code 0: every point is done; 1: some
+    failed or are incomplete; 2: bad input.
+    """
+    collection = _collect_or_exit(source)
+    tables = build_tables(collection, target_accuracy)
+    out_dir = out or source / "analysis"
+    write_tables(tables, out_dir)
+    click.echo(render(tables.runs, RUN_COLUMNS, fmt, RUN_TABLE_VIEW))
+    click.echo(f"{_summary_line(collection)}; tables in {out_dir}", err=True)
+    sys.exit(_exit_code(collection))
+
+
+@click.command("report")
+@_source
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Where report.md, report.html and the plots go  [default: SWEEP_DIR/report].",
+)
+@click.option(
+    "--baseline",
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    default=None,
+    help="Another sweep to compare against (a table with regressions flagged).",
+)
+@click.option(
+    "--regression-threshold",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.05,
+    show_default=True,
+    help="Relative change (fraction) beyond which a worse figure counts as a regression.",
+)
+@_format
+@_target
+def report_command(
+    source: Path,
+    out: Path | None,
+    baseline: Path | None,
+    regression_threshold: float,
+    fmt: str,
+    target_accuracy: float | None,
+) -> None:
+    """Write report.md, a self-contained report.html and PNG plots for SWEEP_DIR.
+
+    Prints the scaling table (one row per configuration and node count) and the baseline
+    comparison; ``--format json`` prints {"scaling": [...], "comparison": [...] or null}.
+    Exit codes as for ``collect``.
+    """
+    from kfac_hpc.analysis.compare import COMPARE_COLUMNS, compare
+    from kfac_hpc.analysis.metrics import SCALING_COLUMNS
+
+    try:
+        from kfac_hpc.analysis.report import SCALING_VIEW, write_report
+    except ImportError as exc:  # matplotlib is the 'report' extra
+        click.echo(f"error: {exc}; install it: pip install 'kfac-hpc[report]'", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+    collection = _collect_or_exit(source)
+    tables = build_tables(collection, target_accuracy)
+    comparison = None
+    if baseline is not None:
+        base_tables = build_tables(_collect_or_exit(baseline), target_accuracy)
+        comparison = compare(tables.scaling, base_tables.scaling, regression_threshold)
+    out_dir = out or source / "report"
+    write_tables(tables, out_dir / "tables")
+    write_report(collection, tables, out_dir, comparison, baseline)
+    if fmt == "json":  # one document: the scaling table, and the comparison (or null)
+        click.echo(json.dumps({"scaling": tables.scaling, "comparison": comparison}, indent=1))
+    else:
+        click.echo(render(tables.scaling, SCALING_COLUMNS, fmt, SCALING_VIEW))
+        if comparison is not None:
+            click.echo("")
+            click.echo(render(comparison, COMPARE_COLUMNS, fmt, COMPARE_COLUMNS[1:]))
+    click.echo(f"{_summary_line(collection)}; report in {out_dir / 'report.md'}", err=True)
+    sys.exit(_exit_code(collection))

@@ -1,0 +1,125 @@
+"""Finding the runs of a sweep: from ``manifest.json`` when there is one, else by scanning.
+
+A sweep directory's manifest lists every point, so points that never started still become rows.
+Without a manifest, any folder holding run directories (at most :data:`SCAN_DEPTH` levels down)
+is collected; a run directory itself is a collection of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kfac_hpc.analysis import schema
+from kfac_hpc.analysis.rundir import RunData, read_run_dir
+
+# Files whose presence makes a folder a run directory.
+RUN_DIR_FILES = frozenset({"config.json", "metrics.jsonl", "run.json", "done", "error"})
+SCAN_DEPTH = 4
+
+
+class CollectError(Exception):
+    """The input cannot be collected at all (exit code 2); the message says how to fix it."""
+
+
+@dataclass
+class Collection:
+    """All runs of one sweep (or folder), in manifest order or sorted by path."""
+
+    source: Path
+    runs: list[RunData]
+    manifest: dict[str, Any] | None = None
+
+    @property
+    def name(self) -> str:
+        """The sweep's name from its manifest, else the folder's name."""
+        name = (self.manifest or {}).get("name")
+        return name if isinstance(name, str) and name else self.source.resolve().name
+
+    @property
+    def all_done(self) -> bool:
+        """True when every run finished successfully."""
+        return all(run.state == schema.DONE for run in self.runs)
+
+
+def _manifest_points(manifest: dict[str, Any], path: Path) -> list[dict[str, Any]]:
+    points = manifest.get("points")
+    if isinstance(points, dict):  # keyed by point_id
+        points = [{"point_id": key, **value} for key, value in points.items()]
+    if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
+        raise CollectError(f"{path}: field 'points' must be a list of objects")
+    return points
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CollectError(
+            f"{path}: unreadable ({exc}); repair it, or collect the run folder directly: "
+            f"kfac-hpc collect {path.parent / 'runs'}"
+        ) from exc
+    if not isinstance(manifest, dict):
+        raise CollectError(f"{path}: expected a JSON object with a 'points' list")
+    return manifest
+
+
+def _is_run_dir(names: set[str]) -> bool:
+    return not RUN_DIR_FILES.isdisjoint(names)
+
+
+def find_run_dirs(root: Path, depth: int = SCAN_DEPTH) -> list[Path]:
+    """Run directories under ``root`` (``root`` itself if it is one), sorted by path."""
+    found: list[Path] = []
+    stack = [(root, 0)]
+    while stack:
+        folder, level = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        if _is_run_dir({e.name for e in entries}):
+            found.append(folder)
+            continue  # checkpoints/ and friends are not runs
+        if level < depth:
+            stack.extend(
+                (Path(e.path), level + 1)
+                for e in entries
+                if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")
+            )
+    return sorted(found)
+
+
+def collect(source: Path) -> Collection:
+    """Read every run of ``source`` (a sweep directory or a folder of run directories).
+
+    Raises :class:`CollectError` when ``source`` is not a directory, its manifest is
+    unreadable, or it holds no run at all.
+    """
+    if not source.is_dir():
+        raise CollectError(f"{source}: not a directory; pass a sweep directory or run folder")
+    manifest_path = source / "manifest.json"
+    if manifest_path.exists():
+        manifest = _read_manifest(manifest_path)
+        points = _manifest_points(manifest, manifest_path)
+        runs = [read_run_dir(_point_dir(source, p), p) for p in points]
+        if not runs:
+            raise CollectError(f"{manifest_path}: lists no points; was the sweep expanded?")
+        return Collection(source, runs, manifest)
+    dirs = find_run_dirs(source)
+    if not dirs:
+        raise CollectError(
+            f"{source}: no manifest.json and no run directory (a folder with config.json, "
+            "metrics.jsonl or run.json) found; pass a sweep directory or run folder"
+        )
+    return Collection(source, [read_run_dir(d) for d in dirs])
+
+
+def _point_dir(sweep_dir: Path, point: dict[str, Any]) -> Path:
+    run_dir = point.get("run_dir")
+    if isinstance(run_dir, str) and run_dir:
+        return sweep_dir / run_dir  # an absolute run_dir stays absolute
+    return sweep_dir / "runs" / str(point.get("point_id", "unknown"))

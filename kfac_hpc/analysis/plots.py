@@ -1,0 +1,225 @@
+"""PNG plots of a sweep (matplotlib, Agg backend: no display needed).
+
+Each function draws one figure into ``path`` and returns it, or returns None when the tables
+hold nothing to draw (e.g. no finished run).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: headless login and compute nodes have no display
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+from kfac_hpc.analysis import schema
+from kfac_hpc.analysis.rundir import RunData
+
+Row = dict[str, Any]
+DPI = 110
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _by_group(scaling: list[Row], column: str) -> dict[str, list[Row]]:
+    """Cells with a value in ``column``, per group, sorted by node count."""
+    out: dict[str, list[Row]] = defaultdict(list)
+    for row in sorted(scaling, key=lambda r: (r["group"], r["nodes"])):
+        if row.get(column) is not None:
+            out[row["group"]].append(row)
+    return dict(out)
+
+
+def _log2_nodes(ax: Axes, nodes: Sequence[float]) -> None:
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(nodes))
+    ax.set_xticks(ticks, [f"{n:g}" for n in ticks])
+    ax.set_xlabel("nodes")
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _legend(ax: Axes) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="x-small", loc="best")
+
+
+def _scaling_plot(
+    scaling: list[Row], path: Path, column: str, band: tuple[str, str], ylabel: str, title: str
+) -> Path | None:
+    """``column`` vs nodes per group, log-2 axes, min-max band, dashed ideal line."""
+    groups = _by_group(scaling, column)
+    if not groups:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    all_nodes: list[float] = []
+    for group, cells in groups.items():
+        nodes = [c["nodes"] for c in cells]
+        all_nodes += nodes
+        (line,) = ax.plot(nodes, [c[column] for c in cells], marker="o", label=group)
+        low = [c[band[0]] if c[band[0]] is not None else c[column] for c in cells]
+        high = [c[band[1]] if c[band[1]] is not None else c[column] for c in cells]
+        ax.fill_between(nodes, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        if column != "speedup":  # linear scaling from this group's smallest node count
+            ax.plot(
+                nodes,
+                [cells[0][column] * n / cells[0]["nodes"] for n in nodes],
+                linestyle="--",
+                color=line.get_color(),
+                alpha=0.6,
+                label="ideal" if len(groups) == 1 else f"ideal ({group})",
+            )
+    if column == "speedup":  # ideal n / n0 is the same line for every group with that n0
+        for n0 in sorted({cells[0]["nodes"] for cells in groups.values()}):
+            nodes = sorted({n for n in all_nodes if n >= n0})
+            ax.plot(nodes, [n / n0 for n in nodes], "--", color="grey", label=f"ideal n/{n0:g}")
+    _log2_nodes(ax, all_nodes)
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    _legend(ax)
+    return _save(fig, path)
+
+
+def throughput_plot(scaling: list[Row], path: Path) -> Path | None:
+    """Global samples/s vs nodes (median, min-max band, ideal linear scaling)."""
+    return _scaling_plot(
+        scaling,
+        path,
+        "samples_per_s_median",
+        ("samples_per_s_min", "samples_per_s_max"),
+        "throughput (samples/s)",
+        "Throughput vs nodes",
+    )
+
+
+def speedup_plot(scaling: list[Row], path: Path) -> Path | None:
+    """Speedup over the smallest node count vs nodes (min-max band, ideal = n / n0)."""
+    return _scaling_plot(
+        scaling, path, "speedup", ("speedup_min", "speedup_max"), "speedup", "Speedup vs nodes"
+    )
+
+
+def efficiency_plot(scaling: list[Row], path: Path) -> Path | None:
+    """Parallel (strong) or weak-scaling efficiency vs nodes, with the ideal 1.0."""
+    rows = [{**r, "efficiency": r["parallel_efficiency"] or r["weak_efficiency"]} for r in scaling]
+    groups = _by_group(rows, "efficiency")
+    if not groups:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    all_nodes: list[float] = []
+    for group, cells in groups.items():
+        nodes = [c["nodes"] for c in cells]
+        all_nodes += nodes
+        (line,) = ax.plot(nodes, [c["efficiency"] for c in cells], marker="o", label=group)
+        low = [
+            c["efficiency_min"] if c["efficiency_min"] is not None else c["efficiency"]
+            for c in cells
+        ]
+        high = [
+            c["efficiency_max"] if c["efficiency_max"] is not None else c["efficiency"]
+            for c in cells
+        ]
+        ax.fill_between(nodes, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.axhline(1.0, linestyle="--", color="grey", label="ideal")
+    _log2_nodes(ax, all_nodes)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("efficiency (strong: S/p, weak: t(n0)/t(n))")
+    ax.set_title("Scaling efficiency vs nodes")
+    _legend(ax)
+    return _save(fig, path)
+
+
+def phase_bars(scaling: list[Row], path: Path) -> Path | None:
+    """Stacked per-step seconds of each phase, one bar per (configuration, node count)."""
+    cells = [r for r in scaling if any(r.get(f"phase_{p}_s_median") for p in schema.PHASES)]
+    if not cells:
+        return None
+    cells.sort(key=lambda r: (r["first_order_group"] or "", r["nodes"], r["optimizer_label"]))
+    many = len({c["first_order_group"] for c in cells}) > 1
+    labels = [
+        f"n={c['nodes']:g}\n{c['optimizer_label']}" + (f"\n{c['group'][:24]}" if many else "")
+        for c in cells
+    ]
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.9 * len(cells) + 2), 4.8))
+    bottom = [0.0] * len(cells)
+    colors = plt.get_cmap("tab20").colors  # type: ignore[attr-defined]
+    for i, phase in enumerate(schema.PHASES):
+        heights = [c.get(f"phase_{phase}_s_median") or 0.0 for c in cells]
+        if not any(heights):
+            continue
+        ax.bar(range(len(cells)), heights, bottom=bottom, label=phase, color=colors[i % 20])
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ax.set_xticks(range(len(cells)), labels, fontsize="x-small")
+    ax.set_ylabel("seconds per step (median over repeats)")
+    ax.set_title("Where the step time goes")
+    ax.legend(fontsize="x-small", bbox_to_anchor=(1.01, 1), loc="upper left")
+    return _save(fig, path)
+
+
+def curves_plot(runs: list[RunData], rows: list[Row], path: Path) -> Path | None:
+    """Training loss and eval accuracy vs wall time, one line per run, a colour per group."""
+    if not any(run.windows or run.evals for run in runs):
+        return None
+    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
+    colors: dict[str, Any] = {}
+    cycle = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]
+    styles = ["-", "--", ":", "-."]
+    node_counts = sorted({r["nodes"] for r in rows if isinstance(r["nodes"], int | float)})
+    for run, row in zip(runs, rows, strict=True):
+        color = colors.setdefault(row["group"], cycle[len(colors) % len(cycle)])
+        style = styles[node_counts.index(row["nodes"]) % 4] if row["nodes"] in node_counts else "-"
+        label = f"{row['group']} n={row['nodes']}"
+        losses = [(w.wall_s, w.loss) for w in run.windows if w.loss is not None]
+        if losses:
+            loss_ax.plot(*zip(*losses, strict=True), style, color=color, label=label, lw=1)
+        accs = [(e.wall_s, e.accuracy) for e in run.evals if e.accuracy is not None]
+        if accs:
+            acc_ax.plot(*zip(*accs, strict=True), style, color=color, label=label, lw=1, marker=".")
+    for ax, name in ((loss_ax, "training loss"), (acc_ax, "eval accuracy")):
+        ax.set_xlabel("wall time (s, running time)")
+        ax.set_ylabel(name)
+        ax.grid(True, alpha=0.3)
+    targets = {r["target_accuracy"] for r in rows if r["target_accuracy"] is not None}
+    for target in targets:
+        acc_ax.axhline(target, color="grey", linestyle=":", lw=1)
+    handles, labels = acc_ax.get_legend_handles_labels()
+    if not handles:
+        handles, labels = loss_ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    if unique and len(unique) <= 16:
+        acc_ax.legend(unique.values(), unique.keys(), fontsize="xx-small", loc="lower right")
+    fig.suptitle("Convergence vs wall time")
+    return _save(fig, path)
+
+
+def step_time_plot(runs: list[RunData], rows: list[Row], path: Path) -> Path | None:
+    """Distribution of per-step time (logging windows of finished runs) per node count."""
+    samples: dict[tuple[float, str], list[float]] = defaultdict(list)
+    for run, row in zip(runs, rows, strict=True):
+        if row["state"] == schema.DONE and isinstance(row["nodes"], int | float):
+            samples[(row["nodes"], row["optimizer_label"])].extend(w.step_s for w in run.windows)
+    keys = sorted(k for k, v in samples.items() if v)
+    if not keys:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.8 * len(keys) + 2), 4.4))
+    ax.boxplot([samples[k] for k in keys], whis=(5, 95), showfliers=True)
+    ax.set_xticks(range(1, len(keys) + 1), [f"n={n:g}\n{o}" for n, o in keys], fontsize="x-small")
+    ax.set_yscale("log")
+    ax.set_ylabel("step time (s), whiskers 5-95 %")
+    ax.set_title("Step-time distribution per node count")
+    ax.grid(True, axis="y", alpha=0.3)
+    return _save(fig, path)

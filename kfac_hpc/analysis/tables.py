@@ -1,0 +1,407 @@
+"""Tidy per-run tables: one row per run, one per (run, phase), one per (run, segment).
+
+Units are in the column names (``_s`` seconds, ``_bytes``, ``samples_per_s``); ``fraction``
+columns are dimensionless in [0, 1]. run.json (the job's own summary) is preferred; a run
+without one (failed, preempted, killed) gets what its metrics.jsonl allows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from kfac_hpc.analysis import schema
+from kfac_hpc.analysis.rundir import RunData, Window, number
+from kfac_hpc.analysis.stats import percentile, ratio, relative_spread, weighted_mean
+
+Row = dict[str, Any]
+
+# Parameters that identify a configuration; a run's group is these minus the node count.
+IDENTITY = (
+    "model",
+    "dataset",
+    "optimizer",
+    "kfac",
+    "grad_worker_fraction",
+    "scaling",
+    "ranks_per_node",
+)
+# Manifest parameters that vary across repeats or node counts, never part of a group.
+NOT_IDENTITY = frozenset({"nodes", "world_size", "repeat", "seed", "run_dir", "global_batch_size"})
+
+RUN_COLUMNS: tuple[str, ...] = (
+    "schema",
+    "run_id",
+    "point_id",
+    "run_dir",
+    "state",
+    "reason",
+    "notes",
+    "group",
+    "first_order_group",
+    "optimizer_label",
+    *IDENTITY,
+    "nodes",
+    "world_size",
+    "global_batch_size",
+    "per_rank_batch_size",
+    "repeat",
+    "config_hash",
+    "job_state",
+    "array_job_id",
+    "job_id",
+    "segments",
+    "restarts",
+    "steps",
+    "epochs",
+    "wall_s",
+    "compute_s",
+    "step_mean_s",
+    "step_p50_s",
+    "step_p90_s",
+    "samples_per_s",
+    "samples_per_s_per_rank",
+    "samples_per_s_per_rank_min",
+    "samples_per_s_per_rank_max",
+    "final_loss",
+    "final_accuracy",
+    "best_accuracy",
+    "target_accuracy",
+    "time_to_target_s",
+    "step_to_target",
+    "comm_fraction",
+    "straggler_spread_fraction",
+    *(f"phase_{p}_s" for p in schema.PHASES),
+    "peak_rss_bytes",
+    "peak_cuda_bytes",
+)
+PHASE_COLUMNS: tuple[str, ...] = (
+    "schema",
+    "run_id",
+    "state",
+    "group",
+    "optimizer_label",
+    "nodes",
+    "phase",
+    "mean_s",
+    "p50_s",
+    "p90_s",
+    "share_fraction",
+    "rank_min_s",
+    "rank_max_s",
+    "rank_spread_s",
+)
+SEGMENT_COLUMNS: tuple[str, ...] = (
+    "schema",
+    "run_id",
+    "segment",
+    "start_step",
+    "end_step",
+    "wall_s",
+    "compute_s",
+    "end",
+)
+
+
+def optimizer_label(run: RunData) -> str:
+    """``sgd`` or ``sgd+kfac``: the first-order optimizer, preconditioned or not."""
+    base = str(run.value("optimizer") or "unknown")
+    return f"{base}+kfac" if run.value("kfac") is True else base
+
+
+# Parameter names that belong to the optimizer: dropped when matching a K-FAC configuration
+# with its first-order baseline.
+_OPTIMIZER_WORDS = ("kfac", "factor", "inv", "damping", "grad_worker", "precondition")
+
+
+def batch_size(run: RunData, key: str) -> Any:
+    """``global_batch_size`` or ``per_rank_batch_size``; from the config's ``batch_size``
+    (global for strong scaling, per rank for weak) when the run wrote no summary."""
+    value = run.value(key)
+    if value is not None:
+        return value
+    weak = run.value("scaling") == "weak"
+    if (key == "per_rank_batch_size") == weak:
+        return run.value("batch_size")
+    return None
+
+
+def varying_params(runs: list[RunData]) -> frozenset[str]:
+    """Manifest parameters that take more than one value across ``runs``: the ones a group
+    label must show (constant ones, e.g. ``cpus_per_task``, would only lengthen it)."""
+    seen: dict[str, set[str]] = {}
+    for run in runs:
+        for key, value in run.params.items():
+            seen.setdefault(key, set()).add(json.dumps(value, sort_keys=True, default=str))
+    return frozenset(k for k, values in seen.items() if len(values) > 1)
+
+
+def group_label(run: RunData, varying: frozenset[str], *, first_order: bool = False) -> str:
+    """A configuration: everything but the node count and the repeat.
+
+    Strong scaling keeps the global batch fixed, weak scaling the per-rank batch, so the batch
+    that is constant across node counts is part of the label. ``first_order=True`` gives the
+    label of the same configuration without K-FAC (the baseline of the time-to-solution ratio).
+    Of the other manifest parameters, those in ``varying`` are shown.
+    """
+    scaling = str(run.value("scaling") or "strong")
+    batch_key = "per_rank_batch_size" if scaling == "weak" else "global_batch_size"
+    kfac = run.value("kfac") is True and not first_order
+    parts = [
+        str(run.value("model") or "?"),
+        str(run.value("dataset") or "?"),
+        optimizer_label(run) if kfac else str(run.value("optimizer") or "unknown"),
+        scaling,
+        f"bs={batch_size(run, batch_key)}",
+    ]
+    if kfac and run.value("grad_worker_fraction") is not None:
+        parts.append(f"gwf={run.value('grad_worker_fraction')}")
+    rpn = run.value("ranks_per_node")
+    if rpn is not None and rpn != 1:
+        parts.append(f"rpn={rpn}")
+    standard = {*IDENTITY, *NOT_IDENTITY, "per_rank_batch_size", "batch_size"}
+    for key, value in sorted(run.params.items()):
+        optimizer_param = any(word in key for word in _OPTIMIZER_WORDS)
+        if key in varying and key not in standard and not (first_order and optimizer_param):
+            parts.append(f"{key}={value}")
+    return " ".join(parts)
+
+
+def _step_weights(windows: list[Window]) -> list[float]:
+    return [float(w.window_steps) for w in windows]
+
+
+def _rank_means(windows: list[Window], pick: Callable[[Window], list[float]]) -> list[float]:
+    """Per-rank step-weighted means of ``pick(window)`` (a per-rank list) over the windows
+    whose list has the run's usual length (a window from a different world size is skipped)."""
+    lists = [(pick(w), w.window_steps) for w in windows]
+    lengths = Counter(len(values) for values, _ in lists if values)
+    if not lengths:
+        return []
+    size = lengths.most_common(1)[0][0]
+    kept = [(values, steps) for values, steps in lists if len(values) == size]
+    total = sum(steps for _, steps in kept)
+    return [sum(values[r] * steps for values, steps in kept) / total for r in range(size)]
+
+
+def _step_stats(run: RunData) -> tuple[float | None, float | None, float | None]:
+    summary = run.summary.get("step_s")
+    if isinstance(summary, dict) and number(summary.get("mean")) is not None:
+        return number(summary.get("mean")), number(summary.get("p50")), number(summary.get("p90"))
+    values = [w.step_s for w in run.windows]
+    mean = weighted_mean(values, _step_weights(run.windows))
+    return mean, percentile(values, 50), percentile(values, 90)
+
+
+def _throughput(run: RunData, world_size: int | None) -> Row:
+    """Global samples/s and per-rank samples/s (mean, min, max over ranks)."""
+    total = number(run.summary.get("samples_per_s"))
+    if total is None:
+        timed = [w for w in run.windows if w.samples_per_s is not None]
+        seconds = [w.step_s * w.window_steps for w in timed]
+        total = weighted_mean([w.samples_per_s or 0.0 for w in timed], seconds)
+    per_rank = run.summary.get("samples_per_s_per_rank")
+    ranks = [number(v) for v in per_rank] if isinstance(per_rank, list) else []
+    clean = [v for v in ranks if v is not None]
+    return {
+        "samples_per_s": total,
+        "samples_per_s_per_rank": ratio(total, world_size),
+        "samples_per_s_per_rank_min": min(clean) if clean else None,
+        "samples_per_s_per_rank_max": max(clean) if clean else None,
+    }
+
+
+def phase_means(run: RunData) -> dict[str, float]:
+    """Per-step seconds of each phase over the whole run (run.json, else the windows)."""
+    summary = run.summary.get("phases_s")
+    if isinstance(summary, dict):
+        return {k: v for k, raw in summary.items() if (v := number(raw)) is not None}
+    out: dict[str, float] = {}
+    weights = _step_weights(run.windows)
+    for phase in {p for w in run.windows for p in w.phases_s}:
+        values = [w.phases_s.get(phase, 0.0) for w in run.windows]
+        mean = weighted_mean(values, weights)
+        if mean is not None:
+            out[phase] = mean
+    return out
+
+
+def _straggler_spread(run: RunData) -> float | None:
+    """``(max - min) / mean`` of the ranks' mean step times; from run.json's per-rank
+    throughput (step time is batch / throughput) when the windows carry no per-rank times."""
+    rank_step = _rank_means(run.windows, lambda w: w.rank_step_s)
+    if rank_step:
+        return relative_spread(rank_step)
+    per_rank = run.summary.get("samples_per_s_per_rank")
+    if isinstance(per_rank, list) and per_rank:
+        rates = [number(v) for v in per_rank]
+        if all(r is not None and r > 0 for r in rates):
+            return relative_spread([1.0 / r for r in rates if r is not None])
+    return None
+
+
+def time_to_target(run: RunData, target: float | None) -> tuple[float | None, int | None]:
+    """Seconds of running time (and the step) at the first eval reaching ``target`` accuracy.
+
+    Without eval records, run.json's own ``time_to_target_s`` is used if its target is
+    ``target``. None when the target was never reached (or no target is known).
+    """
+    if target is None:
+        return None, None
+    if run.evals:
+        for point in sorted(run.evals, key=lambda e: (e.wall_s, e.step)):
+            if point.accuracy is not None and point.accuracy >= target:
+                return point.wall_s, point.step
+        return None, None
+    if number(run.summary.get("target_accuracy")) == target:
+        step = number(run.summary.get("step_to_target"))
+        return number(run.summary.get("time_to_target_s")), None if step is None else int(step)
+    return None, None
+
+
+def _accuracy(run: RunData) -> tuple[float | None, float | None, float | None]:
+    """Final loss, final and best accuracy (run.json, else the records)."""
+    accs = [e.accuracy for e in run.evals if e.accuracy is not None]
+    final_loss = run.windows[-1].loss if run.windows else None
+    final = number(run.summary.get("final_accuracy"))
+    best = number(run.summary.get("best_accuracy"))
+    return (
+        final_loss,
+        final if final is not None else (accs[-1] if accs else None),
+        best if best is not None else (max(accs) if accs else None),
+    )
+
+
+def run_row(
+    run: RunData, varying: frozenset[str] = frozenset(), target_accuracy: float | None = None
+) -> Row:
+    """The runs-table row of ``run``; ``varying`` as for :func:`group_label`;
+    ``target_accuracy`` overrides each run's own target."""
+    world = number(run.value("world_size"))
+    if world is None and number(run.value("nodes")) and number(run.value("ranks_per_node")):
+        world = float(run.value("nodes") * run.value("ranks_per_node"))
+    world_size = None if world is None else int(world)
+    wall = number(run.summary.get("wall_s"))
+    if wall is None and run.segments:
+        walls = [s.wall_s for s in run.segments if s.wall_s is not None]
+        wall = sum(walls) if walls else None
+    compute = number(run.summary.get("compute_s"))
+    if compute is None and run.windows:
+        compute = sum(w.step_s * w.window_steps for w in run.windows)
+    target = (
+        target_accuracy if target_accuracy is not None else number(run.value("target_accuracy"))
+    )
+    tts, tts_step = time_to_target(run, target)
+    phases = phase_means(run)
+    phase_total = sum(phases.values())
+    comm = sum(phases.get(p, 0.0) for p in schema.COMM_PHASES)
+    step_mean, step_p50, step_p90 = _step_stats(run)
+    final_loss, final_acc, best_acc = _accuracy(run)
+    last_step = max((w.step for w in run.windows), default=None)
+    row: Row = {
+        "schema": schema.TABLE_SCHEMA,
+        "run_id": run.run_id,
+        "point_id": run.point_id,
+        "run_dir": str(run.path),
+        "state": run.state,
+        "reason": run.reason,
+        "notes": "; ".join(run.notes),
+        "group": group_label(run, varying),
+        "first_order_group": group_label(run, varying, first_order=True),
+        "optimizer_label": optimizer_label(run),
+        **{key: run.value(key) for key in IDENTITY},
+        "nodes": run.value("nodes"),
+        "world_size": world_size,
+        "global_batch_size": batch_size(run, "global_batch_size"),
+        "per_rank_batch_size": batch_size(run, "per_rank_batch_size"),
+        "repeat": run.value("repeat") if run.value("repeat") is not None else run.value("seed"),
+        "config_hash": run.value("config_hash"),
+        "job_state": run.manifest.get("state"),
+        "array_job_id": run.manifest.get("array_job_id"),
+        "job_id": run.manifest.get("job_id"),
+        "segments": len(run.segments),
+        "restarts": max(0, len(run.segments) - 1),
+        "steps": run.summary.get("steps", last_step),
+        "epochs": run.value("epochs"),
+        "wall_s": wall,
+        "compute_s": compute,
+        "step_mean_s": step_mean,
+        "step_p50_s": step_p50,
+        "step_p90_s": step_p90,
+        **_throughput(run, world_size),
+        "final_loss": final_loss,
+        "final_accuracy": final_acc,
+        "best_accuracy": best_acc,
+        "target_accuracy": target,
+        "time_to_target_s": tts,
+        "step_to_target": tts_step,
+        "comm_fraction": ratio(comm, phase_total) if phases else None,
+        "straggler_spread_fraction": _straggler_spread(run),
+        **{f"phase_{p}_s": phases.get(p) for p in schema.PHASES},
+        "peak_rss_bytes": run.summary.get("peak_rss_bytes"),
+        "peak_cuda_bytes": run.summary.get("peak_cuda_bytes"),
+    }
+    return row
+
+
+def _rank_phase(window: Window, phase: str) -> list[float]:
+    return window.rank_phases_s.get(phase, [])
+
+
+def phase_rows(run: RunData, row: Row) -> list[Row]:
+    """The long per-phase rows of one run: per-step mean, p50, p90 over logging windows,
+    share of the summed phases, and the spread of the ranks' means."""
+    means = phase_means(run)
+    total = sum(means.values())
+    rank_summary = run.summary.get("rank_phases_s")
+    with_ranks = any(w.rank_phases_s for w in run.windows)
+    out = []
+    ordered = [p for p in schema.PHASES if p in means] + sorted(set(means) - set(schema.PHASES))
+    for phase in ordered:
+        values = [w.phases_s[phase] for w in run.windows if phase in w.phases_s]
+        ranks: list[float] = []
+        if isinstance(rank_summary, dict):  # the job's own per-rank means
+            raw = rank_summary.get(phase)
+            values_r = raw if isinstance(raw, list) else []
+            ranks = [v for v in (number(x) for x in values_r) if v is not None]
+        elif with_ranks:
+            ranks = _rank_means(run.windows, partial(_rank_phase, phase=phase))
+        out.append(
+            {
+                "schema": schema.TABLE_SCHEMA,
+                "run_id": run.run_id,
+                "state": run.state,
+                "group": row["group"],
+                "optimizer_label": row["optimizer_label"],
+                "nodes": row["nodes"],
+                "phase": phase,
+                "mean_s": means[phase],
+                "p50_s": percentile(values, 50),
+                "p90_s": percentile(values, 90),
+                "share_fraction": ratio(means[phase], total),
+                "rank_min_s": min(ranks) if ranks else None,
+                "rank_max_s": max(ranks) if ranks else None,
+                "rank_spread_s": max(ranks) - min(ranks) if ranks else None,
+            }
+        )
+    return out
+
+
+def segment_rows(run: RunData) -> list[Row]:
+    """One row per attempt of ``run``."""
+    return [
+        {
+            "schema": schema.TABLE_SCHEMA,
+            "run_id": run.run_id,
+            "segment": s.attempt,
+            "start_step": s.start_step,
+            "end_step": s.end_step,
+            "wall_s": s.wall_s,
+            "compute_s": s.compute_s,
+            "end": s.end,
+        }
+        for s in run.segments
+    ]

@@ -1,0 +1,44 @@
+"""HDF5 checkpoints of the whole training state: atomic, verified, re-shardable, no pickle.
+
+The job uses :func:`capture_training_state` + :class:`CheckpointManager` to save,
+:meth:`CheckpointManager.load_latest` / :func:`load_checkpoint` + :func:`restore_training_state`
+to resume, :func:`init_factors_from` for ``--init-factors`` and :class:`PreemptionHandler` to
+stop cleanly. Schema and protocols: docs/checkpoint.md.
+"""
+
+from kfac_hpc.checkpoint.manager import (
+    CheckpointManager,
+    init_factors_from,
+    load_checkpoint,
+    read_checkpoint,
+)
+from kfac_hpc.checkpoint.preemption import REQUEUE_EXIT_CODE, PreemptionHandler
+from kfac_hpc.checkpoint.training_state import (
+    SCHEMA_VERSION,
+    CheckpointError,
+    CheckpointMismatchError,
+    DataPosition,
+    LoadedCheckpoint,
+    RestoredState,
+    TrainingState,
+    capture_training_state,
+    restore_training_state,
+)
+
+__all__ = [
+    "REQUEUE_EXIT_CODE",
+    "SCHEMA_VERSION",
+    "CheckpointError",
+    "CheckpointManager",
+    "CheckpointMismatchError",
+    "DataPosition",
+    "LoadedCheckpoint",
+    "PreemptionHandler",
+    "RestoredState",
+    "TrainingState",
+    "capture_training_state",
+    "init_factors_from",
+    "load_checkpoint",
+    "read_checkpoint",
+    "restore_training_state",
+]

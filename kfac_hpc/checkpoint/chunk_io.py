@@ -1,0 +1,126 @@
+"""Fast checksummed dataset I/O: HDF5's Fletcher-32 filter format, computed with numpy.
+
+HDF5's own Fletcher-32 filter runs at ~0.1 GB/s (a byte loop, plus a copy per chunk), which
+made checkpoint writes 5-10x slower than the disk. Here the checksum is computed vectorised
+(~1 GB/s) and chunks go to/from the file with ``H5Dwrite_chunk``/``H5Dread_chunk``: the bytes on
+disk are exactly what the filter would have produced (data + 4-byte little-endian checksum), so
+h5py, ``h5dump`` and every HDF5 reader verify them the usual way.
+
+Layout: C-contiguous arrays are split along the first axis into ≤ 64 MiB chunks of equal rows
+(a partial last chunk is zero-padded, as HDF5 stores edge chunks).
+"""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+
+__all__ = ["CHUNK_BYTES", "ChecksumError", "chunk_rows", "fletcher32", "read_array", "write_array"]
+
+CHUNK_BYTES = 64 * 1024 * 1024
+_MOD = 65535
+# (n - r) mod 65535 only depends on r mod 65535: fold the words into 65535 column sums first.
+_COLUMNS = np.arange(_MOD, dtype=np.int64)
+
+
+class ChecksumError(OSError):
+    """A chunk's stored Fletcher-32 checksum does not match its data."""
+
+
+def _fold(sum_: int, nonzero: bool) -> int:
+    """HDF5's end-around-carry reduction to 16 bits: 0 only for an all-zero input."""
+    return (sum_ - 1) % _MOD + 1 if nonzero else 0
+
+
+def fletcher32(data: memoryview | bytes | np.ndarray) -> int:
+    """HDF5's ``H5_checksum_fletcher32`` of ``data`` (big-endian 16-bit words, odd byte padded).
+
+    With words w_0..w_{n-1}: sum1 = Σ w_i, sum2 = Σ (n - i)·w_i, both mod 65535 with HDF5's
+    representation (in 1..65535 unless all words are zero); result ``sum2 << 16 | sum1``.
+    """
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if raw.size % 2:
+        raw = np.concatenate([raw, np.zeros(1, dtype=np.uint8)])
+    words = raw.view(">u2")
+    n = words.size
+    full = (n // _MOD) * _MOD
+    columns = np.zeros(_MOD, dtype=np.int64)
+    if full:
+        columns += words[:full].reshape(-1, _MOD).sum(axis=0, dtype=np.int64)
+    tail = words[full:]
+    columns[: tail.size] += tail
+    sum1 = int(columns.sum())
+    # each term < 65535 * (n / 65535 + 1) * 65535: int64 holds it for chunks up to ~100 GB
+    sum2 = int((columns % _MOD * ((n - _COLUMNS) % _MOD)).sum() % _MOD)
+    nonzero = sum1 != 0
+    return (_fold(sum2, nonzero) << 16) | _fold(sum1, nonzero)
+
+
+def chunk_rows(shape: tuple[int, ...], itemsize: int) -> int:
+    """Rows (first-axis entries) per chunk: equal chunks of at most :data:`CHUNK_BYTES`."""
+    row_bytes = max(1, int(np.prod(shape[1:], dtype=np.int64)) * itemsize)
+    nchunks = -(-shape[0] * row_bytes // CHUNK_BYTES)
+    return max(1, -(-shape[0] // max(1, nchunks)))
+
+
+def write_array(group: h5py.Group, name: str, array: np.ndarray) -> h5py.Dataset:
+    """Create ``group[name]`` (chunked, Fletcher-32) holding ``array`` (non-empty, ndim ≥ 1)."""
+    array = np.ascontiguousarray(array)
+    rows = chunk_rows(array.shape, array.dtype.itemsize)
+    chunk_shape = (rows, *array.shape[1:])
+    ds = group.create_dataset(
+        name, shape=array.shape, dtype=array.dtype, chunks=chunk_shape, fletcher32=True
+    )
+    flat = array.reshape(-1).view(np.uint8)
+    chunk_bytes = rows * (flat.size // array.shape[0])
+    buffer = np.empty(chunk_bytes + 4, dtype=np.uint8)
+    zeros = (0,) * (array.ndim - 1)
+    for start in range(0, array.shape[0], rows):
+        part = flat[start * (flat.size // array.shape[0]) :][:chunk_bytes]
+        buffer[: part.size] = part
+        buffer[part.size : chunk_bytes] = 0  # padding of a partial edge chunk
+        buffer[chunk_bytes:] = np.frombuffer(
+            fletcher32(buffer[:chunk_bytes]).to_bytes(4, "little"), dtype=np.uint8
+        )
+        ds.id.write_direct_chunk((start, *zeros), buffer)
+    return ds
+
+
+def _fast_readable(ds: h5py.Dataset) -> bool:
+    """Chunked along the first axis only, with Fletcher-32 as the only filter (what we write)."""
+    chunks = ds.chunks
+    return (
+        chunks is not None
+        and ds.fletcher32
+        and ds.id.get_create_plist().get_nfilters() == 1
+        and tuple(chunks[1:]) == tuple(ds.shape[1:])
+        and ds.size > 0
+    )
+
+
+def read_array(ds: h5py.Dataset) -> np.ndarray:
+    """The whole dataset, each chunk's checksum verified; :class:`ChecksumError` if one fails.
+
+    Datasets this module did not write fall back to h5py (HDF5 verifies their filters).
+    """
+    if not _fast_readable(ds):
+        return np.asarray(ds[()])
+    assert ds.chunks is not None
+    rows = ds.chunks[0]
+    row_bytes = ds.size // ds.shape[0] * ds.dtype.itemsize
+    chunk_bytes = rows * row_bytes
+    nchunks = -(-ds.shape[0] // rows)
+    # Chunks land back to back in one buffer: each chunk's 4 checksum bytes spill into the
+    # next chunk's place and are overwritten by it after verification (no copies).
+    buffer = np.empty(nchunks * chunk_bytes + 4, dtype=np.uint8)
+    zeros = (0,) * (ds.ndim - 1)
+    if ds.id.get_num_chunks() != nchunks:
+        raise ChecksumError(f"{ds.name}: {ds.id.get_num_chunks()} of {nchunks} chunks stored")
+    for index in range(nchunks):
+        target = buffer[index * chunk_bytes : (index + 1) * chunk_bytes + 4]
+        mask, _ = ds.id.read_direct_chunk((index * rows, *zeros), out=target)
+        stored = int.from_bytes(target[chunk_bytes:].tobytes(), "little")
+        if mask != 0 or stored != fletcher32(target[:chunk_bytes]):
+            raise ChecksumError(f"{ds.name}: Fletcher-32 checksum mismatch in chunk {index}")
+    nbytes = ds.shape[0] * row_bytes
+    return buffer[:nbytes].view(ds.dtype).reshape(ds.shape)

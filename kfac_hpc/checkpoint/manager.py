@@ -1,0 +1,250 @@
+"""The job's entry point for checkpoints: collective save, verified load with fallback, warm start.
+
+Distributed writing (no parallel HDF5): factors are identical on all ranks after their
+allreduce, so rank 0 writes every shared part. What only some ranks hold (their RNG states,
+MEM-OPT second-order data) is *gathered*: each rank serialises its part into an in-memory HDF5
+image (the same typed mapping, no pickle), rank 0 receives the images one rank at a time and
+writes each under ``ranks/<r>`` of the one file. One file per step keeps publication atomic
+(a single rename) with no cross-file commit protocol. On load every rank opens the file read-only
+and reads it (checksums verified), so no broadcast of state is needed.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import h5py
+import torch
+import torch.distributed as dist
+
+from kfac_hpc.checkpoint.files import (
+    checkpoint_name,
+    list_checkpoints,
+    open_h5,
+    prune,
+    read_latest,
+    remove_stale_temporaries,
+    write_atomic_h5,
+    write_latest,
+)
+from kfac_hpc.checkpoint.hdf5_tree import read_tree, write_tree
+from kfac_hpc.checkpoint.training_state import (
+    SCHEMA_VERSION,
+    CheckpointError,
+    CheckpointMismatchError,
+    LoadedCheckpoint,
+    Preconditioner,
+    TrainingState,
+    check_kfac,
+    merged_kfac_state,
+)
+
+__all__ = ["CheckpointManager", "init_factors_from", "load_checkpoint", "read_checkpoint"]
+
+
+def read_checkpoint(path: Path, locking: bool | str | None = None) -> LoadedCheckpoint:
+    """Read and verify one checkpoint file; :class:`CheckpointError` says what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        with open_h5(path, "r", locking) as h5:
+            if not bool(h5.attrs.get("complete", False)):
+                raise CheckpointError(f"{path}: incomplete (the writer did not finish)")
+            version = int(h5.attrs.get("schema_version", -1))
+            if version != SCHEMA_VERSION:
+                raise CheckpointError(
+                    f"{path}: schema version {version}, this kfac-hpc reads {SCHEMA_VERSION}"
+                )
+            tree = read_tree(h5)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # a damaged file can make h5py fail in many ways; all mean corrupt
+        raise CheckpointError(f"{path}: corrupt or unreadable ({exc})") from exc
+    return LoadedCheckpoint(path, tree)
+
+
+def _candidates(directory: Path) -> list[Path]:
+    """Checkpoints to try, best first: the one ``latest`` names, then the others newest first."""
+    files = list_checkpoints(directory)
+    latest = read_latest(directory)
+    if latest is not None and latest in files:
+        files.remove(latest)
+        files.insert(0, latest)
+    return files
+
+
+def load_checkpoint(path: Path | str, locking: bool | str | None = None) -> LoadedCheckpoint:
+    """Load a checkpoint file, or the latest good one of a run dir / checkpoints dir."""
+    path = Path(path)
+    if path.is_dir():
+        directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+        found = _first_good(_candidates(directory), locking)
+        if found is None:
+            raise CheckpointError(f"{path}: no complete, valid checkpoint found")
+        return found
+    return read_checkpoint(path, locking)
+
+
+def _first_good(candidates: list[Path], locking: bool | str | None) -> LoadedCheckpoint | None:
+    for candidate in candidates:
+        try:
+            return read_checkpoint(candidate, locking)
+        except CheckpointError as exc:
+            warnings.warn(f"skipping checkpoint: {exc}", stacklevel=3)
+    return None
+
+
+def init_factors_from(
+    path: Path | str, preconditioner: Preconditioner, locking: bool | str | None = None
+) -> int:
+    """Warm start: load only K-FAC factors (A, G per layer) from another run's checkpoint.
+
+    Works from any saved world size/strategy; everything else of ``preconditioner`` (step
+    counters, schedules, second-order data) stays as it is. Returns the number of layers set.
+    """
+    ckpt = load_checkpoint(path, locking)
+    if "kfac_state" not in ckpt.tree:
+        raise CheckpointMismatchError(f"{ckpt.path}: the checkpoint has no K-FAC factors")
+    saved = merged_kfac_state(ckpt.tree, with_second_order=False)
+    check_kfac(preconditioner, saved, ckpt.path)
+    state = preconditioner.state_dict(include_second_order=False)
+    state["layers"] = {
+        name: {f: entry[f] for f in ("A", "G") if f in entry}
+        for name, entry in saved["layers"].items()
+    }
+    preconditioner.load_state_dict(state)
+    return len(state["layers"])
+
+
+def _tree_image(tree: Mapping[str, Any]) -> torch.Tensor:
+    """``tree`` as the bytes of an in-memory HDF5 file (uint8 tensor)."""
+    buffer = io.BytesIO()
+    with h5py.File(buffer, "w", libver=("v110", "v110"), track_order=True) as h5:
+        write_tree(h5, tree)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def _image_tree(image: torch.Tensor) -> Any:
+    with h5py.File(io.BytesIO(image.numpy().tobytes()), "r") as h5:
+        return read_tree(h5)
+
+
+class CheckpointManager:
+    """Saves and finds the checkpoints of one run directory's ``checkpoints/`` folder.
+
+    ``keep`` is the number of newest checkpoints retained (≥ 1); ``compression`` is an h5py
+    filter name (``"gzip"``, ``"lzf"``) or None; ``locking`` overrides ``HDF5_USE_FILE_LOCKING``.
+    """
+
+    def __init__(
+        self,
+        directory: Path | str,
+        *,
+        keep: int = 3,
+        rank: int = 0,
+        world_size: int = 1,
+        compression: str | None = None,
+        locking: bool | str | None = None,
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.directory = Path(directory)
+        self.keep = keep
+        self.rank = rank
+        self.world_size = world_size
+        self.compression = compression
+        self.locking = locking
+        if rank == 0:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(self.directory)
+
+    @property
+    def _distributed(self) -> bool:
+        return self.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+    def _comm_device(self) -> torch.device:
+        if dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def save(self, state: TrainingState) -> Path:
+        """Write ``state`` as ``ckpt-<step>.h5``; collective when the world size is > 1.
+
+        Every rank must call it at the same step. Returns the published path on every rank;
+        raises on every rank if rank 0 could not write.
+        """
+        path = self.directory / checkpoint_name(state.step)
+        if not self._distributed:
+            self._write(path, state, {0: state.per_rank})
+            return path
+        device = self._comm_device()
+        if self.rank != 0:
+            image = _tree_image(state.per_rank).to(device)
+            size = torch.tensor([image.numel()], dtype=torch.int64, device=device)
+            dist.send(size, dst=0)
+            dist.send(image, dst=0)
+            error = None
+        else:
+            error = self._gather_and_write(path, state, device)
+        ok = torch.tensor([0 if error else 1], dtype=torch.int64, device=device)
+        dist.broadcast(ok, src=0)
+        if error is not None:
+            raise error
+        if not bool(ok.item()):
+            raise CheckpointError(f"rank 0 failed to write {path}")
+        return path
+
+    def _gather_and_write(
+        self, path: Path, state: TrainingState, device: torch.device
+    ) -> BaseException | None:
+        """Rank 0: receive every rank's part (always, so no sender blocks) and write the file."""
+        per_rank: dict[int, Any] = {0: state.per_rank}
+        for src in range(1, self.world_size):
+            size = torch.zeros(1, dtype=torch.int64, device=device)
+            dist.recv(size, src=src)
+            image = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+            dist.recv(image, src=src)
+            per_rank[src] = _image_tree(image.cpu())
+        try:
+            self._write(path, state, per_rank)
+        except Exception as exc:  # reported to all ranks by save()
+            return exc
+        return None
+
+    def _write(self, path: Path, state: TrainingState, per_rank: Mapping[int, Any]) -> None:
+        def fill(h5: h5py.File) -> None:
+            write_tree(h5, state.shared, compression=self.compression)
+            ranks = h5.create_group("ranks", track_order=True)
+            write_tree(ranks, {str(r): tree for r, tree in sorted(per_rank.items())})
+
+        write_atomic_h5(path, fill, self.locking)
+        write_latest(self.directory, path.name)
+        prune(self.directory, self.keep, protect=path)
+
+    def checkpoints(self) -> list[Path]:
+        """Published checkpoint files, newest first."""
+        return list_checkpoints(self.directory)
+
+    def load_latest(self) -> LoadedCheckpoint | None:
+        """The newest complete, valid checkpoint (None if there is none); collective if P > 1.
+
+        Incomplete or corrupt files are skipped with a warning. With several ranks, all agree
+        on the smallest step any rank could read, so they resume together.
+        """
+        found = _first_good(_candidates(self.directory), self.locking)
+        if not self._distributed:
+            return found
+        device = self._comm_device()
+        step = torch.tensor([found.step if found else -1], dtype=torch.int64, device=device)
+        dist.all_reduce(step, op=dist.ReduceOp.MIN)
+        agreed = int(step.item())
+        if agreed < 0:
+            return None
+        if found is None or found.step != agreed:
+            return read_checkpoint(self.directory / checkpoint_name(agreed), self.locking)
+        return found

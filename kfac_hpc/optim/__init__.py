@@ -1,0 +1,15 @@
+"""The K-FAC preconditioner: layers, factors, second-order data, schedules, orchestration."""
+
+from kfac_hpc.optim.options import AssignmentStrategy, ComputeMethod, KFACOptions
+from kfac_hpc.optim.preconditioner import PHASES, KFACPreconditioner
+from kfac_hpc.optim.schedules import MultiStepSchedule, ScheduledValue
+
+__all__ = [
+    "PHASES",
+    "AssignmentStrategy",
+    "ComputeMethod",
+    "KFACOptions",
+    "KFACPreconditioner",
+    "MultiStepSchedule",
+    "ScheduledValue",
+]

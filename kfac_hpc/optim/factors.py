@@ -1,0 +1,66 @@
+"""The Kronecker factors of one layer: per-step batch statistics and their running averages.
+
+Within a factor-update step, every micro-batch (``accumulation_steps`` of them) adds its A and
+G to a pending sum; ``step()`` averages the sum, and — only if the step is finite — folds it into
+the running average ``F ← α F + (1 − α) F_batch`` (α = factor_decay).
+
+First-update rule: the first accepted update *starts from the batch statistics*
+(``F = F_batch``), not from the identity, so the damping means the same from step 0 on.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+__all__ = ["LayerFactors"]
+
+
+class LayerFactors:
+    """Running A and G of one layer plus the sums pending for the current step."""
+
+    def __init__(self) -> None:
+        self.A: Tensor | None = None
+        self.G: Tensor | None = None
+        self.pending_a: Tensor | None = None
+        self.pending_g: Tensor | None = None
+        self.count_a = 0
+        self.count_g = 0
+
+    def add_a(self, a: Tensor) -> None:
+        self.pending_a = a if self.pending_a is None else self.pending_a.add_(a)
+        self.count_a += 1
+
+    def add_g(self, g: Tensor) -> None:
+        self.pending_g = g if self.pending_g is None else self.pending_g.add_(g)
+        self.count_g += 1
+
+    def has_pending(self) -> bool:
+        return self.pending_a is not None and self.pending_g is not None
+
+    def batch_factors(self) -> tuple[Tensor, Tensor]:
+        """The pending A and G averaged over the micro-batches (in place; call once)."""
+        assert self.pending_a is not None and self.pending_g is not None
+        if self.count_a > 1:
+            self.pending_a.div_(self.count_a)
+        if self.count_g > 1:
+            self.pending_g.div_(self.count_g)
+        self.count_a = self.count_g = 1
+        return self.pending_a, self.pending_g
+
+    def clear_pending(self) -> None:
+        self.pending_a = self.pending_g = None
+        self.count_a = self.count_g = 0
+
+    def commit(self, decay: float) -> None:
+        """Fold the averaged pending statistics into the running averages."""
+        a_new, g_new = self.batch_factors()
+        self.A = (
+            a_new.clone() if self.A is None else self.A.mul_(decay).add_(a_new, alpha=1 - decay)
+        )
+        self.G = (
+            g_new.clone() if self.G is None else self.G.mul_(decay).add_(g_new, alpha=1 - decay)
+        )
+        self.clear_pending()
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.A, self.G) if t is not None)

@@ -1,0 +1,195 @@
+"""One class per supported module type: how its inputs and output gradients become K-FAC
+statistics, and how its gradient is viewed as the matrix that K-FAC preconditions.
+
+Shapes (per group; ``groups`` > 1 only for grouped/depthwise Conv2d, whose Fisher block is
+block-diagonal over the groups, so each group gets its own factors):
+
+- A: (n_A, n_A) with n_A = inputs per group (+1 for the bias), or (groups, n_A, n_A);
+- G: (n_G, n_G) with n_G = outputs per group, or (groups, n_G, n_G);
+- gradient matrix: (n_G, n_A) or (groups, n_G, n_A); the bias is the last column.
+
+Scaling convention (docs/kfac.md): with M rows (all leading dimensions, and for Conv2d all
+output locations) and N = the size of dimension 0 (the batch),
+
+    A = (1/M) Σ_rows a aᵀ,   G = (1/N) Σ_rows (c·g)(c·g)ᵀ,
+
+where g is the gradient of the loss w.r.t. the layer output and c = N · accumulation_steps /
+grad_scale turns the gradient of a batch-mean loss into per-example gradients. For a Linear
+layer on (N, in) inputs, G ⊗ A is then exactly K-FAC's approximation of the empirical Fisher
+(1/N) Σ_n ∇ℓ_n ∇ℓ_nᵀ.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["Conv2dLayer", "KFACLayer", "LinearLayer", "make_layer"]
+
+
+class KFACLayer:
+    """A registered module: its factor statistics and its gradient as a matrix."""
+
+    kind = "layer"
+
+    def __init__(self, name: str, module: nn.Module, groups: int, n_a: int, n_g: int) -> None:
+        self.name = name
+        self.module = module
+        self.groups = groups
+        self.n_a = n_a
+        self.n_g = n_g
+
+    @property
+    def weight(self) -> Tensor:
+        weight = self.module.weight
+        assert isinstance(weight, Tensor)
+        return weight
+
+    @property
+    def bias(self) -> Tensor | None:
+        bias = getattr(self.module, "bias", None)
+        return bias if isinstance(bias, Tensor) else None
+
+    @property
+    def factor_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Shapes of A and G."""
+        lead = (self.groups,) if self.groups > 1 else ()
+        return (*lead, self.n_a, self.n_a), (*lead, self.n_g, self.n_g)
+
+    def a_rows(self, x: Tensor) -> Tensor:
+        """Input rows, (groups, M, n_in) without the bias column."""
+        raise NotImplementedError
+
+    def g_rows(self, g: Tensor) -> Tensor:
+        """Output-gradient rows, (groups, M, n_G)."""
+        raise NotImplementedError
+
+    def a_factor(self, x: Tensor, dtype: torch.dtype) -> Tensor:
+        """A of one batch from the module input ``x``, shape ``factor_shapes[0]``."""
+        rows = self.a_rows(x.detach().to(dtype))
+        m = rows.shape[-2]
+        cov = rows.mT @ rows
+        if self.bias is not None:
+            # Bias folded in as a column of ones, without copying the rows to append it.
+            col = rows.sum(dim=-2).unsqueeze(-1)
+            corner = torch.full((self.groups, 1, 1), float(m), dtype=dtype, device=rows.device)
+            cov = torch.cat([torch.cat([cov, col], -1), torch.cat([col.mT, corner], -1)], -2)
+        cov = cov / m
+        return cov if self.groups > 1 else cov[0]
+
+    def g_factor(self, g: Tensor, grad_multiplier: float, dtype: torch.dtype) -> Tensor:
+        """G of one batch from the output gradient ``g`` (see the module docstring)."""
+        batch = g.shape[0] if g.dim() > 1 else 1
+        rows = self.g_rows(g.detach().to(dtype))
+        # (1/N) Σ (N·c g)(N·c g)ᵀ = N c² Σ g gᵀ
+        cov = rows.mT @ rows * (grad_multiplier * grad_multiplier * batch)
+        return cov if self.groups > 1 else cov[0]
+
+    def grad_matrix(self) -> Tensor:
+        """The gradient as (groups?, n_G, n_A) with the bias as the last column."""
+        w = self.weight.grad
+        assert w is not None, f"{self.name}: no gradient"
+        mat = w.reshape(self.groups, self.n_g, -1)
+        bias = self.bias
+        if bias is not None:
+            assert bias.grad is not None, f"{self.name}: no bias gradient"
+            mat = torch.cat([mat, bias.grad.reshape(self.groups, self.n_g, 1)], -1)
+        return mat if self.groups > 1 else mat[0]
+
+    def set_grad(self, matrix: Tensor) -> None:
+        """Write a matrix shaped like ``grad_matrix()`` back into the parameter gradients."""
+        mat = matrix.reshape(self.groups, self.n_g, self.n_a)
+        w = self.weight.grad
+        assert w is not None
+        n_w = self.n_a - (1 if self.bias is not None else 0)
+        w.copy_(mat[..., :n_w].reshape(w.shape))
+        bias = self.bias
+        if bias is not None and bias.grad is not None:
+            bias.grad.copy_(mat[..., n_w].reshape(bias.grad.shape))
+
+    def parameters(self) -> list[Tensor]:
+        return [p for p in (self.weight, self.bias) if p is not None]
+
+    def describe(self) -> str:
+        group = f", groups={self.groups}" if self.groups > 1 else ""
+        return f"{self.name} ({self.kind}, A {self.n_a}, G {self.n_g}{group})"
+
+
+class LinearLayer(KFACLayer):
+    """``nn.Linear`` with any number of leading dimensions (all of them count as rows)."""
+
+    kind = "Linear"
+
+    def __init__(self, name: str, module: nn.Linear) -> None:
+        n_a = module.in_features + (1 if module.bias is not None else 0)
+        super().__init__(name, module, 1, n_a, module.out_features)
+
+    def a_rows(self, x: Tensor) -> Tensor:
+        return x.reshape(1, -1, x.shape[-1])
+
+    def g_rows(self, g: Tensor) -> Tensor:
+        return g.reshape(1, -1, g.shape[-1])
+
+
+class Conv2dLayer(KFACLayer):
+    """``nn.Conv2d``: im2col patches as A's rows, every output location as a row of G.
+
+    Handles stride, dilation, integer/tuple/'same'/'valid' padding, every padding mode and
+    groups (per-group factors: depthwise layers get ``groups`` tiny factors).
+    """
+
+    kind = "Conv2d"
+
+    def __init__(self, name: str, module: nn.Conv2d) -> None:
+        kh, kw = module.kernel_size
+        n_in = module.in_channels // module.groups * kh * kw
+        n_a = n_in + (1 if module.bias is not None else 0)
+        super().__init__(name, module, module.groups, n_a, module.out_channels // module.groups)
+        self.conv = module
+        self._pad = self._explicit_padding(module)
+
+    @staticmethod
+    def _explicit_padding(module: nn.Conv2d) -> tuple[int, int, int, int]:
+        """(left, right, top, bottom) as ``F.pad`` takes them."""
+        if module.padding == "valid":
+            return (0, 0, 0, 0)
+        if module.padding == "same":
+            pads: list[int] = []
+            for k, d in zip(reversed(module.kernel_size), reversed(module.dilation), strict=True):
+                total = d * (k - 1)
+                pads += [total // 2, total - total // 2]
+            return (pads[0], pads[1], pads[2], pads[3])
+        ph, pw = (int(p) for p in module.padding)
+        return (pw, pw, ph, ph)
+
+    def a_rows(self, x: Tensor) -> Tensor:
+        if x.dim() == 3:
+            x = x.unsqueeze(0)
+        mode = self.conv.padding_mode
+        x = F.pad(x, self._pad, mode="constant" if mode == "zeros" else mode)
+        patches = F.unfold(
+            x, self.conv.kernel_size, dilation=self.conv.dilation, stride=self.conv.stride
+        )  # (N, C_in*kh*kw, L), channel-major like weight.view(out, -1)
+        n, _, locations = patches.shape
+        per_group = patches.view(n, self.groups, -1, locations)
+        return per_group.permute(1, 0, 3, 2).reshape(self.groups, n * locations, -1)
+
+    def g_rows(self, g: Tensor) -> Tensor:
+        if g.dim() == 3:
+            g = g.unsqueeze(0)
+        n = g.shape[0]
+        per_group = g.reshape(n, self.groups, self.n_g, -1)
+        return per_group.permute(1, 0, 3, 2).reshape(self.groups, -1, self.n_g)
+
+
+def make_layer(name: str, module: nn.Module) -> KFACLayer | None:
+    """The K-FAC layer of a supported module with trainable weights, else None."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, Tensor) or not weight.requires_grad:
+        return None
+    if isinstance(module, nn.Linear):
+        return LinearLayer(name, module)
+    if isinstance(module, nn.Conv2d):
+        return Conv2dLayer(name, module)
+    return None

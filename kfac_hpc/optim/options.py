@@ -1,0 +1,164 @@
+"""All options of the K-FAC preconditioner, validated once when the preconditioner is built.
+
+The names follow the reference K-FAC library for PyTorch (kfac_pytorch) so that switching is a
+change of import. Every invalid value raises ``ValueError`` naming the option and its range.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kfac_hpc.comm import AssignmentStrategy
+from kfac_hpc.optim.schedules import Hyperparameter, ScheduledValue
+
+__all__ = ["AssignmentStrategy", "ComputeMethod", "KFACOptions"]
+
+
+class ComputeMethod(enum.Enum):
+    """How the second-order data of a layer is computed."""
+
+    EIGEN = "eigen"
+    INVERSE = "inverse"
+
+
+_FRACTION_NAMES = ("comm-opt", "mem-opt", "hybrid-opt")
+
+
+def _positive_int(value: float) -> str | None:
+    ok = value >= 1 and float(value).is_integer()
+    return None if ok else "an integer >= 1"
+
+
+def _positive(value: float) -> str | None:
+    return None if math.isfinite(value) and value > 0 else "a finite number > 0"
+
+
+def _decay(value: float) -> str | None:
+    return None if 0 <= value < 1 else "a number in [0, 1)"
+
+
+def _choice(name: str, value: Any, enum_type: type[enum.Enum]) -> Any:
+    if isinstance(value, enum_type):
+        return value
+    valid = [m.value for m in enum_type]
+    if isinstance(value, str) and value.lower() in valid:
+        return enum_type(value.lower())
+    raise ValueError(f"{name} must be one of {', '.join(valid)}, got {value!r}")
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+@dataclass
+class KFACOptions:
+    """The preconditioner's options (see docs/kfac.md for each one's meaning)."""
+
+    factor_update_steps: Hyperparameter = 1
+    inv_update_steps: Hyperparameter = 1
+    damping: Hyperparameter = 0.001
+    factor_decay: Hyperparameter = 0.95
+    kl_clip: Hyperparameter | None = 0.001
+    lr: Hyperparameter = 0.1
+    accumulation_steps: int = 1
+    allreduce_bucket_cap_mb: float = 25.0
+    assignment_strategy: AssignmentStrategy | str = AssignmentStrategy.COMPUTE
+    colocate_factors: bool = True
+    compute_method: ComputeMethod | str = ComputeMethod.EIGEN
+    compute_eigenvalue_outer_product: bool = True
+    grad_worker_fraction: str | float = "comm-opt"
+    symmetry_aware: bool = False
+    grad_scaler: Any = None
+    factor_dtype: torch.dtype | None = None
+    inv_dtype: torch.dtype = torch.float32
+    skip_layers: Sequence[str] = field(default_factory=list)
+    update_factors_in_hook: bool = True
+    synchronize_timings: bool = False
+
+    def __post_init__(self) -> None:
+        self.schedules = self._build_schedules()
+        self.assignment_strategy = _choice(
+            "assignment_strategy", self.assignment_strategy, AssignmentStrategy
+        )
+        self.compute_method = _choice("compute_method", self.compute_method, ComputeMethod)
+        for name in (
+            "colocate_factors",
+            "compute_eigenvalue_outer_product",
+            "symmetry_aware",
+            "update_factors_in_hook",
+            "synchronize_timings",
+        ):
+            _flag(name, getattr(self, name))
+        self._validate_numbers()
+        self._validate_types()
+
+    def _build_schedules(self) -> dict[str, ScheduledValue]:
+        checks = {
+            "factor_update_steps": _positive_int,
+            "inv_update_steps": _positive_int,
+            "damping": _positive,
+            "factor_decay": _decay,
+            "kl_clip": _positive,
+            "lr": _positive,
+        }
+        return {
+            name: ScheduledValue(name, getattr(self, name), check)
+            for name, check in checks.items()
+            if getattr(self, name) is not None
+        }
+
+    def _validate_numbers(self) -> None:
+        steps = self.accumulation_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"accumulation_steps must be an integer >= 1, got {steps!r}")
+        cap = self.allreduce_bucket_cap_mb
+        if isinstance(cap, bool) or not isinstance(cap, int | float) or not cap > 0:
+            raise ValueError(f"allreduce_bucket_cap_mb must be a number > 0, got {cap!r}")
+        # Whether f·P divides P is checked against the world size by the assignment.
+        fraction = self.grad_worker_fraction
+        if isinstance(fraction, str):
+            if fraction not in _FRACTION_NAMES:
+                raise ValueError(
+                    f"grad_worker_fraction must be one of {', '.join(_FRACTION_NAMES)} or a "
+                    f"float in (0, 1], got {fraction!r}"
+                )
+        elif (
+            isinstance(fraction, bool)
+            or not isinstance(fraction, int | float)
+            or not (0 < fraction <= 1)
+        ):
+            raise ValueError(
+                f"grad_worker_fraction must be one of {', '.join(_FRACTION_NAMES)} or a float "
+                f"in (0, 1], got {fraction!r}"
+            )
+
+    def _validate_types(self) -> None:
+        floats = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+        if self.factor_dtype is not None and self.factor_dtype not in floats:
+            raise ValueError(
+                f"factor_dtype must be None or a floating torch dtype, got {self.factor_dtype!r}"
+            )
+        if self.inv_dtype not in (torch.float32, torch.float64):
+            raise ValueError(
+                f"inv_dtype must be torch.float32 or torch.float64, got {self.inv_dtype!r}"
+            )
+        if isinstance(self.skip_layers, str) or not all(
+            isinstance(s, str) for s in self.skip_layers
+        ):
+            raise ValueError(
+                f"skip_layers must be a list of module names or class names, "
+                f"got {self.skip_layers!r}"
+            )
+        scaler = self.grad_scaler
+        if scaler is not None and not (hasattr(scaler, "get_scale") and hasattr(scaler, "scale")):
+            raise ValueError(
+                f"grad_scaler must be None or a torch.amp.GradScaler, got {type(scaler).__name__}"
+            )

@@ -1,0 +1,121 @@
+"""Second-order data of a layer (eigendecompositions or damped inverses) and preconditioning.
+
+Eigen method: A = Q_A diag(d_A) Q_Aᵀ, G = Q_G diag(d_G) Q_Gᵀ and
+
+    V = Q_G [(Q_Gᵀ ∇W Q_A) ⊘ (d_G d_Aᵀ + λ)] Q_Aᵀ  =  (G ⊗ A + λ I)⁻¹ vec(∇W)  exactly.
+
+Inverse method (factored, π-corrected damping):
+π = sqrt((tr A / n_A) / (tr G / n_G)), λ_A = π √λ, λ_G = √λ / π and
+V = (G + λ_G I)⁻¹ ∇W (A + λ_A I)⁻¹.
+
+Decompositions are robust: ``eigh``/``inv`` in the requested dtype, then in float64, then in
+float64 with a jitter of 1e-6·(tr/n)·I (×10 twice more); if all fail the caller keeps the previous
+result and warns once per layer. Grouped layers carry a leading group dimension throughout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "EigenFactor",
+    "decompose",
+    "eigen_outer",
+    "invert",
+    "pi_split",
+    "precondition_eigen",
+    "precondition_inverse",
+]
+
+_JITTERS = (1e-6, 1e-5, 1e-4)
+
+
+@dataclass
+class EigenFactor:
+    """Eigenvectors Q (n, n) and eigenvalues d (n,), clamped at 0 (factors are PSD)."""
+
+    Q: Tensor
+    d: Tensor
+
+    def tensors(self) -> list[Tensor]:
+        return [self.Q, self.d]
+
+
+def _finite(*tensors: Tensor) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def _jittered(matrix: Tensor, scale: float) -> Tensor:
+    n = matrix.shape[-1]
+    mean_diag = matrix.diagonal(dim1=-2, dim2=-1).mean(-1, keepdim=True).abs().clamp_min(1e-30)
+    eye = torch.eye(n, dtype=matrix.dtype, device=matrix.device)
+    return matrix + (scale * mean_diag).unsqueeze(-1) * eye
+
+
+def _attempts(matrix: Tensor, dtype: torch.dtype) -> list[Tensor]:
+    """The ladder of matrices to try: as asked, float64, float64 with growing jitter."""
+    wide = matrix.to(torch.float64)
+    return [matrix.to(dtype), wide, *(_jittered(wide, s) for s in _JITTERS)]
+
+
+def decompose(matrix: Tensor, dtype: torch.dtype) -> EigenFactor | None:
+    """Eigendecomposition in ``dtype`` down the fallback ladder; None when every try failed."""
+    if not _finite(matrix):
+        return None
+    for attempt in _attempts(matrix, dtype):
+        try:
+            d, q = torch.linalg.eigh(attempt)
+        except RuntimeError:
+            continue
+        if _finite(d, q):
+            return EigenFactor(q.to(dtype), d.clamp_min(0).to(dtype))
+    return None
+
+
+def pi_split(a: Tensor, g: Tensor, damping: float) -> tuple[Tensor, Tensor]:
+    """π-corrected damping (λ_A, λ_G), shaped to broadcast over a leading group dimension."""
+    tr_a = a.diagonal(dim1=-2, dim2=-1).mean(-1)
+    tr_g = g.diagonal(dim1=-2, dim2=-1).mean(-1)
+    pi = torch.sqrt(tr_a / tr_g)
+    pi = torch.where(torch.isfinite(pi) & (pi > 0), pi, torch.ones_like(pi))
+    root = damping**0.5
+    return pi * root, root / pi
+
+
+def invert(matrix: Tensor, damping: Tensor, dtype: torch.dtype) -> Tensor | None:
+    """(matrix + damping·I)⁻¹ in ``dtype`` down the fallback ladder; None when all failed."""
+    if not _finite(matrix, damping):
+        return None
+    eye = torch.eye(matrix.shape[-1], dtype=torch.float64, device=matrix.device)
+    damped = matrix.to(torch.float64) + damping.to(torch.float64)[..., None, None] * eye
+    for attempt in _attempts(damped, dtype):
+        try:
+            inv = torch.linalg.inv(attempt)
+        except RuntimeError:
+            continue
+        if _finite(inv):
+            return inv.to(dtype)
+    return None
+
+
+def eigen_outer(d_a: Tensor, d_g: Tensor, damping: float) -> Tensor:
+    """1 / (d_G d_Aᵀ + λ), shape (groups?, n_G, n_A)."""
+    return (d_g.unsqueeze(-1) * d_a.unsqueeze(-2) + damping).reciprocal()
+
+
+def precondition_eigen(
+    grad: Tensor, a: EigenFactor, g: EigenFactor, damping: float, outer: Tensor | None
+) -> Tensor:
+    """(G ⊗ A + λI)⁻¹ vec(grad) via the eigenbases; ``outer`` if precomputed."""
+    dtype = a.Q.dtype
+    rotated = g.Q.mT @ grad.to(dtype) @ a.Q
+    scale = outer if outer is not None else eigen_outer(a.d, g.d, damping)
+    return (g.Q @ (rotated * scale) @ a.Q.mT).to(grad.dtype)
+
+
+def precondition_inverse(grad: Tensor, a_inv: Tensor, g_inv: Tensor) -> Tensor:
+    """(G + λ_G I)⁻¹ grad (A + λ_A I)⁻¹."""
+    return (g_inv @ grad.to(a_inv.dtype) @ a_inv).to(grad.dtype)

@@ -1,0 +1,45 @@
+"""The ``kfac-hpc train`` command line of a point: the only interface between sweep and job."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["config_hash", "train_argv"]
+
+# Point parameters that describe the allocation or the repetition, not the training config.
+_NOT_TRAIN = {"nodes", "ranks_per_node", "gpus_per_node", "cpus_per_task", "repeat", "extra_args"}
+
+
+def train_argv(params: Mapping[str, Any]) -> list[str]:
+    """Flags for ``kfac-hpc train`` (without ``--run-dir``), in a stable order.
+
+    ``kfac`` becomes ``--kfac``/``--no-kfac``; other values ``--name value`` with ``_`` → ``-``;
+    ``extra_args`` are appended verbatim (they are quoted when rendered into a script).
+    """
+    argv: list[str] = []
+    for name in sorted(params):
+        if name in _NOT_TRAIN:
+            continue
+        value = params[name]
+        if name == "kfac":
+            argv.append("--kfac" if value else "--no-kfac")
+        else:
+            argv += [f"--{name.replace('_', '-')}", _format(value)]
+    argv += [str(a) for a in params.get("extra_args", ())]
+    return argv
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def config_hash(params: Mapping[str, Any]) -> str:
+    """Hash of the point's parameters without the repeat index: repeats of one configuration
+    share it, so the collector can group them."""
+    train = {k: v for k, v in params.items() if k not in ("repeat",)}
+    return hashlib.sha256(json.dumps(train, sort_keys=True).encode()).hexdigest()[:12]

@@ -1,0 +1,163 @@
+"""Thin wrappers around the Slurm commands; the only module that runs them.
+
+Every call has a timeout. Query helpers return what they could learn and never raise on a
+scheduler that forgot a job (``squeue`` and ``scontrol`` only know recent jobs; ``sacct`` needs
+accounting storage, which many test clusters lack).
+"""
+
+from __future__ import annotations
+
+import getpass
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kfac_hpc.sweep.errors import SweepInputError
+
+__all__ = [
+    "SlurmError",
+    "TaskState",
+    "max_array_size",
+    "require_sbatch",
+    "sacct_states",
+    "sbatch",
+    "scancel",
+    "scontrol_states",
+    "squeue_states",
+]
+
+_TIMEOUT_S = 60
+DEFAULT_MAX_ARRAY_SIZE = 1001  # Slurm's default MaxArraySize
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed (not a user-input problem): the message holds its stderr."""
+
+
+@dataclass(frozen=True)
+class TaskState:
+    """What the scheduler says about one array task. ``state`` is Slurm's word (RUNNING...)."""
+
+    array_job_id: str
+    index: int
+    job_id: str
+    state: str
+    reason: str = ""
+    restarts: int = 0
+
+
+def require_sbatch() -> None:
+    """Bad input, not a crash, when Slurm is not installed or not on PATH."""
+    if shutil.which("sbatch") is None:
+        raise SweepInputError(
+            "backend", "sbatch is not on PATH: load Slurm, or use --backend local"
+        )
+
+
+def _run(argv: Sequence[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=_TIMEOUT_S, cwd=cwd
+        )
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]} is not on PATH") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{argv[0]} did not answer within {_TIMEOUT_S} s") from None
+
+
+def max_array_size() -> int:
+    """The cluster's MaxArraySize (array indices must stay below it)."""
+    out = _run(["scontrol", "show", "config"])
+    found = re.search(r"^MaxArraySize\s*=\s*(\d+)", out.stdout, re.MULTILINE)
+    return int(found.group(1)) if out.returncode == 0 and found else DEFAULT_MAX_ARRAY_SIZE
+
+
+def sbatch(argv: Sequence[str], cwd: Path) -> str:
+    """Submit (``argv`` = the full ``sbatch ...`` command line) and return the job id."""
+    out = _run(argv, cwd=cwd)
+    if out.returncode != 0:
+        raise SlurmError(f"{' '.join(argv[:1])} failed: {out.stderr.strip() or out.stdout.strip()}")
+    return out.stdout.strip().split(";")[0]
+
+
+def sbatch_test_only(argv: Sequence[str], cwd: Path) -> str | None:
+    """Ask the scheduler whether a submission would be accepted; None when yes, else why not."""
+    out = _run([argv[0], "--test-only", *argv[1:]], cwd=cwd)
+    if out.returncode == 0:
+        return None
+    return (out.stderr.strip() or out.stdout.strip()).replace("\n", " ")
+
+
+_SQUEUE_FMT = "%F|%K|%i|%T|%r"
+
+
+def squeue_states(array_job_ids: Iterable[str]) -> dict[tuple[str, int], TaskState]:
+    """Queued or running tasks of the given arrays, one entry per task (pending ranges expanded)."""
+    wanted = set(array_job_ids)
+    if not wanted:
+        return {}
+    out = _run(["squeue", "-h", "-r", "-u", getpass.getuser(), "-o", _SQUEUE_FMT])
+    if out.returncode != 0:
+        raise SlurmError(f"squeue failed: {out.stderr.strip()}")
+    states: dict[tuple[str, int], TaskState] = {}
+    for line in out.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) != 5 or parts[0] not in wanted or not parts[1].isdigit():
+            continue
+        array_id, index, job_id, state, reason = parts
+        states[(array_id, int(index))] = TaskState(array_id, int(index), job_id, state, reason)
+    return states
+
+
+def scontrol_states(array_job_id: str) -> dict[int, TaskState]:
+    """Tasks the controller still remembers (ended less than MinJobAge seconds ago included)."""
+    out = _run(["scontrol", "-o", "show", "job", array_job_id])
+    states: dict[int, TaskState] = {}
+    if out.returncode != 0:
+        return states
+    for line in out.stdout.splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        index = fields.get("ArrayTaskId", "")
+        if fields.get("ArrayJobId") != array_job_id or not index.isdigit():
+            continue
+        states[int(index)] = TaskState(
+            array_job_id,
+            int(index),
+            fields.get("JobId", ""),
+            fields.get("JobState", "UNKNOWN"),
+            fields.get("Reason", ""),
+            int(fields.get("Restarts", "0") or 0),
+        )
+    return states
+
+
+def sacct_states(array_job_ids: Iterable[str]) -> dict[tuple[str, int], TaskState] | None:
+    """Final states from accounting, or None when accounting storage is not available."""
+    ids = sorted(set(array_job_ids))
+    if not ids or shutil.which("sacct") is None:
+        return None
+    out = _run(["sacct", "-n", "-P", "-X", "-j", ",".join(ids), "-o", "JobID,State,JobIDRaw"])
+    if out.returncode != 0:
+        return None
+    states: dict[tuple[str, int], TaskState] = {}
+    for line in out.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) != 3:
+            continue
+        array_id, _, index = parts[0].partition("_")
+        if index.isdigit():
+            state = parts[1].split()[0]  # "CANCELLED by 0" -> CANCELLED
+            states[(array_id, int(index))] = TaskState(array_id, int(index), parts[2], state)
+    return states
+
+
+def scancel(job_ids: Iterable[str]) -> None:
+    """Cancel jobs or whole arrays (``123``) or tasks (``123_4``)."""
+    ids = sorted(set(job_ids))
+    if ids:
+        out = _run(["scancel", *ids])
+        if out.returncode != 0:
+            raise SlurmError(f"scancel failed: {out.stderr.strip()}")

@@ -1,0 +1,234 @@
+"""From a validated spec to submitted arrays: plan, render everything, check, then submit.
+
+Order matters for "nothing half-done": the sweep directory, profile, template, every script
+and ``sbatch --test-only`` of every array are checked before the first real ``sbatch``; the
+manifest is written just before it and updated after each array, so a crash mid-way leaves a
+manifest that says exactly what was submitted.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kfac_hpc.sweep import slurm
+from kfac_hpc.sweep.command import config_hash
+from kfac_hpc.sweep.errors import SweepInputError
+from kfac_hpc.sweep.manifest import MANIFEST, ArrayRecord, Manifest, PointRecord, now
+from kfac_hpc.sweep.profile import SiteProfile, load_profile, train_command
+from kfac_hpc.sweep.render import ArrayScript, load_template, render_array
+from kfac_hpc.sweep.spec import Point, SweepSpec, expand_points
+
+__all__ = [
+    "PreparedSweep",
+    "array_spec",
+    "plan_arrays",
+    "prepare_sweep",
+    "submit_array",
+    "submit_sweep",
+]
+
+BACKENDS = ("slurm", "local")
+
+
+@dataclass(frozen=True)
+class PreparedSweep:
+    """Everything rendered and validated, nothing submitted yet."""
+
+    sweep_dir: Path
+    spec: SweepSpec
+    profile: SiteProfile
+    backend: str
+    scripts: tuple[ArrayScript, ...]
+
+
+def plan_arrays(
+    points: Sequence[Point], node_counts: Sequence[int], max_size: int
+) -> list[tuple[str, tuple[Point, ...]]]:
+    """One array per node count, split into chunks of at most ``max_size`` tasks
+    (indices 0..max_size-1), named ``n<nodes>-<chunk>``."""
+    plan: list[tuple[str, tuple[Point, ...]]] = []
+    for nodes in node_counts:
+        group = [p for p in points if p.nodes == nodes]
+        for chunk, start in enumerate(range(0, len(group), max_size)):
+            plan.append((f"n{nodes}-{chunk}", tuple(group[start : start + max_size])))
+    return plan
+
+
+def _check_sweep_dir(sweep_dir: Path) -> None:
+    if (sweep_dir / MANIFEST).exists():
+        raise SweepInputError(
+            "sweep_dir",
+            f"{sweep_dir} already holds a sweep; use kfac-hpc status/resume or another --sweep-dir",
+        )
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SweepInputError("sweep_dir", f"cannot create {sweep_dir}: {exc.strerror}") from None
+    if not os.access(sweep_dir, os.W_OK | os.X_OK):
+        raise SweepInputError(
+            "sweep_dir", f"{sweep_dir} is not writable; choose another --sweep-dir"
+        )
+
+
+def prepare_sweep(
+    spec: SweepSpec, sweep_dir: Path, backend: str, template: Path | None = None
+) -> PreparedSweep:
+    """Validate and render every array; raises SweepInputError before touching the cluster."""
+    if backend not in BACKENDS:
+        raise SweepInputError("backend", f"{backend!r} is not one of {', '.join(BACKENDS)}")
+    profile = load_profile(spec.profile)
+    for arg in (*profile.sbatch_args, *spec.sbatch_args):
+        if not arg.startswith("-") or arg.startswith("--wrap"):
+            raise SweepInputError(
+                "sbatch_args", f"{arg!r} is not an sbatch option (e.g. --exclusive, --mem=8G)"
+            )
+    tmpl = load_template(template)
+    max_size = slurm.DEFAULT_MAX_ARRAY_SIZE
+    if backend == "slurm":
+        slurm.require_sbatch()
+        max_size = slurm.max_array_size()
+    points = expand_points(spec)
+    scripts = tuple(
+        render_array(tmpl, spec, profile, name, group)
+        for name, group in plan_arrays(points, spec.nodes, max_size - 1)
+    )
+    _check_sweep_dir(sweep_dir)
+    return PreparedSweep(sweep_dir.resolve(), spec, profile, backend, scripts)
+
+
+def array_spec(indices: Sequence[int], max_concurrent: int | None) -> str:
+    """``0-5%2`` or ``1,4`` (compact ranges of consecutive indices) with the optional throttle."""
+    ranges: list[str] = []
+    start = prev = indices[0]
+    for i in [*indices[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        ranges.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ",".join(ranges) + (f"%{max_concurrent}" if max_concurrent else "")
+
+
+def sbatch_argv(
+    prepared: PreparedSweep | Manifest, script: str, indices: Sequence[int], after: str | None
+) -> list[str]:
+    """The exact ``sbatch`` command line of one (re)submission, run from the sweep dir."""
+    spec, profile = _spec_and_profile(prepared)
+    max_concurrent = 1 if spec["serial"] else spec["max_concurrent"]
+    argv = ["sbatch", "--parsable", f"--array={array_spec(indices, max_concurrent)}"]
+    argv += [*profile["sbatch_args"], *spec["sbatch_args"]]
+    if after:
+        argv.append(f"--dependency=afterany:{after}")
+    return [*argv, script]
+
+
+def _spec_and_profile(
+    source: PreparedSweep | Manifest,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    if isinstance(source, Manifest):
+        return source.spec, source.profile
+    return source.spec.to_dict(), source.profile.to_dict()
+
+
+def write_scripts(prepared: PreparedSweep) -> None:
+    for sub in ("scripts", "logs", "runs"):
+        (prepared.sweep_dir / sub).mkdir(exist_ok=True)
+    for script in prepared.scripts:
+        path = prepared.sweep_dir / script.relpath
+        path.write_text(script.text)
+        path.chmod(0o755)
+
+
+def new_manifest(prepared: PreparedSweep) -> Manifest:
+    arrays = [ArrayRecord(s.name, s.nodes, s.relpath, len(s.points)) for s in prepared.scripts]
+    points = [
+        PointRecord(p.point_id, p.params, config_hash(p.params), f"runs/{p.point_id}", s.name, i)
+        for s in prepared.scripts
+        for i, p in enumerate(s.points)
+    ]
+    profile = prepared.profile.to_dict()
+    profile["train_command"] = list(train_command(prepared.profile))  # resolved, as rendered
+    return Manifest(
+        prepared.spec.name,
+        prepared.backend,
+        now(),
+        prepared.spec.to_dict(),
+        profile,
+        arrays,
+        points,
+    )
+
+
+def dry_run_lines(prepared: PreparedSweep) -> list[str]:
+    """A runnable shell snippet: the exact sbatch commands, chained through variables."""
+    lines = [f"cd {shlex.quote(str(prepared.sweep_dir))}"]
+    previous: str | None = None
+    for script in prepared.scripts:
+        var = script.name.replace("-", "_")
+        after = f"${previous}" if previous and prepared.spec.serial else None
+        argv = sbatch_argv(prepared, script.relpath, range(len(script.points)), after)
+        text = shlex.join(argv).replace(
+            shlex.quote(f"--dependency=afterany:{after}"), f"--dependency=afterany:{after}"
+        )
+        lines.append(f"{var}=$({text})")
+        previous = var
+    return lines
+
+
+def submit_array(
+    manifest: Manifest,
+    sweep_dir: Path,
+    array: ArrayRecord,
+    indices: Sequence[int],
+    after: str | None,
+) -> str:
+    """One sbatch of ``indices`` of an array; updates the manifest's records (not the file)."""
+    argv = sbatch_argv(manifest, array.script, indices, after)
+    array_job_id = slurm.sbatch(argv, cwd=sweep_dir)
+    array.submissions.append(
+        {"array_job_id": array_job_id, "indices": list(indices), "argv": argv, "time": now()}
+    )
+    for point in manifest.points:
+        if point.array == array.name and point.array_index in indices:
+            point.array_job_id = array_job_id
+            point.job_id = f"{array_job_id}_{point.array_index}"
+            point.attempts += 1
+            point.state = "submitted"
+            point.detail = ""
+    return array_job_id
+
+
+def submit_sweep(prepared: PreparedSweep) -> Manifest:
+    """Check every array with ``sbatch --test-only``, then submit them all (chained if serial)."""
+    write_scripts(prepared)
+    manifest = new_manifest(prepared)
+    for array in manifest.arrays:
+        problem = slurm.sbatch_test_only(
+            sbatch_argv(manifest, array.script, [0], None), prepared.sweep_dir
+        )
+        if problem is not None:
+            raise SweepInputError(
+                "sbatch", f"Slurm rejects array {array.name} ({array.nodes} node(s)): {problem}"
+            )
+    manifest.write(prepared.sweep_dir)
+    previous: str | None = None
+    submitted: list[str] = []
+    try:
+        for array in manifest.arrays:
+            after = previous if prepared.spec.serial else None
+            previous = submit_array(manifest, prepared.sweep_dir, array, range(array.size), after)
+            submitted.append(previous)
+            manifest.write(prepared.sweep_dir)
+    except slurm.SlurmError as exc:
+        slurm.scancel(submitted)
+        for point in manifest.points:
+            point.state, point.detail = "cancelled", f"submission aborted: {exc}"
+        manifest.write(prepared.sweep_dir)
+        raise
+    return manifest

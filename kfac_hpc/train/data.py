@@ -1,0 +1,222 @@
+"""Datasets of the job and their deterministic sharding over ranks. Nothing is downloaded.
+
+A :class:`DataSource` returns batches by sample index. :class:`ShardedBatches` decides which
+indices each rank takes: every epoch has one permutation of the training set (from the seed and
+the epoch, the same on every rank); optimizer step ``s`` of the epoch uses the slice
+``[s*G, (s+1)*G)`` of it (G the global batch), and rank ``r`` takes the ``r``-th per-rank part.
+So the data a step sees depends only on (seed, epoch, step, rank): a resumed run sees exactly
+what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kfac_hpc.train.config import TrainConfig
+
+__all__ = ["DataSource", "ShardedBatches", "load_data", "read_cifar10_batch"]
+
+_POOL_BYTES = 64 * 2**20  # synthetic data cycles through a pool of at most this many bytes
+_CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+_CIFAR_STD = (0.2470, 0.2435, 0.2616)
+
+
+@dataclass
+class DataSource:
+    """Train and test samples addressed by index; ``shape`` is (C, H, W)."""
+
+    name: str
+    shape: tuple[int, int, int]
+    num_classes: int
+    train_len: int
+    test_len: int
+    train: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    test: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _tensor_source(
+    name: str, train: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor]
+) -> DataSource:
+    (xtr, ytr), (xte, yte) = train, test
+    return DataSource(
+        name,
+        tuple(xtr.shape[1:]),  # type: ignore[arg-type]
+        int(max(ytr.max().item(), yte.max().item())) + 1,
+        len(ytr),
+        len(yte),
+        lambda idx: (xtr[idx], ytr[idx]),
+        lambda idx: (xte[idx], yte[idx]),
+    )
+
+
+def _digits(seed: int) -> DataSource:
+    """scikit-learn's 1,797 8x8 digits, standardised; a fixed 80/20 split (seed 0 always, so
+    every run tests on the same images)."""
+    from sklearn.datasets import load_digits
+
+    images, labels = load_digits(return_X_y=True)
+    x = torch.tensor(images, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
+    y = torch.tensor(labels, dtype=torch.int64)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    cut = int(0.8 * len(y))
+    train, test = order[:cut], order[cut:]
+    mean, std = x[train].mean(), x[train].std()
+    x = (x - mean) / std
+    return _tensor_source("digits", (x[train], y[train]), (x[test], y[test]))
+
+
+def _synthetic(shape: tuple[int, int, int], num_classes: int, n: int, seed: int) -> DataSource:
+    """Random images of a fixed seed (for throughput): a pool of at most 64 MiB is cycled,
+    labels are random per sample index."""
+    gen = torch.Generator().manual_seed(seed)
+    sample_bytes = 4 * shape[0] * shape[1] * shape[2]
+    pool = torch.randn(min(n, max(1, _POOL_BYTES // sample_bytes)), *shape, generator=gen)
+    n_test = max(1, n // 8)
+    labels = torch.randint(0, num_classes, (n + n_test,), generator=gen)
+
+    def train(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return pool[idx % len(pool)], labels[idx]
+
+    def test(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return pool[(idx + n) % len(pool)], labels[idx + n]
+
+    name = "synthetic_cifar" if shape[1] == 32 else "synthetic_imagenet"
+    return DataSource(name, shape, num_classes, n, n_test, train, test)
+
+
+def read_cifar10_batch(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """One CIFAR-10 binary batch: records of 1 label byte + 3072 pixel bytes (RGB planes)."""
+    raw = np.fromfile(path, dtype=np.uint8)
+    if raw.size == 0 or raw.size % 3073:
+        raise ValueError(f"{path} is not a CIFAR-10 binary batch (size {raw.size} bytes)")
+    records = raw.reshape(-1, 3073)
+    images = torch.from_numpy(records[:, 1:].copy()).reshape(-1, 3, 32, 32)
+    return images, torch.from_numpy(records[:, 0].astype(np.int64))
+
+
+def _cifar10(root: Path) -> DataSource:
+    train_files = sorted(root.glob("data_batch_*.bin"))
+    test_file = root / "test_batch.bin"
+    if not train_files or not test_file.is_file():
+        raise FileNotFoundError(
+            f"data_path {str(root)!r} lacks data_batch_*.bin / test_batch.bin "
+            "(the CIFAR-10 binary version)"
+        )
+    parts = [read_cifar10_batch(p) for p in train_files]
+    mean = torch.tensor(_CIFAR_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(_CIFAR_STD).view(1, 3, 1, 1)
+
+    def norm(images: torch.Tensor) -> torch.Tensor:
+        return (images.float() / 255.0 - mean) / std
+
+    xtr = norm(torch.cat([p[0] for p in parts]))
+    ytr = torch.cat([p[1] for p in parts])
+    xte, yte = read_cifar10_batch(test_file)
+    source = _tensor_source("cifar10", (xtr, ytr), (norm(xte), yte))
+    source.num_classes = 10
+    return source
+
+
+def _imagefolder(root: Path) -> DataSource:
+    if importlib.util.find_spec("torchvision") is None:
+        raise ImportError("dataset 'imagefolder' needs torchvision, which is not importable here")
+    from torchvision import datasets, transforms
+
+    tf = transforms.Compose(
+        [transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor()]
+    )
+    train_set = datasets.ImageFolder(str(root / "train"), transform=tf)
+    test_set = datasets.ImageFolder(str(root / "val"), transform=tf)
+
+    def loader(ds: datasets.ImageFolder) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
+        def get(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            items = [ds[int(i)] for i in idx]
+            return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])
+
+        return get
+
+    return DataSource(
+        "imagefolder",
+        (3, 224, 224),
+        len(train_set.classes),
+        len(train_set),
+        len(test_set),
+        loader(train_set),  # type: ignore[arg-type]
+        loader(test_set),  # type: ignore[arg-type]
+    )
+
+
+def load_data(config: TrainConfig) -> DataSource:
+    """The dataset of ``config`` (already validated)."""
+    if config.dataset == "digits":
+        return _digits(config.seed)
+    if config.dataset == "synthetic_cifar":
+        return _synthetic((3, 32, 32), 10, config.num_samples, config.seed)
+    if config.dataset == "synthetic_imagenet":
+        return _synthetic((3, 224, 224), 1000, config.num_samples, config.seed)
+    assert config.data_path is not None
+    if config.dataset == "cifar10":
+        return _cifar10(Path(config.data_path))
+    return _imagefolder(Path(config.data_path))
+
+
+def _augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Random 4-pixel-padded crop and horizontal flip, per sample (x: N, C, H, W)."""
+    n, _, h, w = x.shape
+    padded = torch.nn.functional.pad(x, (4, 4, 4, 4))
+    dy = torch.randint(0, 9, (n,), generator=gen)
+    dx = torch.randint(0, 9, (n,), generator=gen)
+    flip = torch.rand(n, generator=gen) < 0.5
+    out = torch.empty_like(x)
+    for i in range(n):
+        crop = padded[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w]
+        out[i] = crop.flip(-1) if flip[i] else crop
+    return out
+
+
+class ShardedBatches:
+    """Which samples rank ``rank`` of ``world_size`` uses at each step; see the module doc."""
+
+    def __init__(
+        self,
+        source: DataSource,
+        global_batch: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        augment: bool,
+    ) -> None:
+        self.source = source
+        self.global_batch = global_batch
+        self.per_rank = global_batch // world_size
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.augment = augment and source.shape[1:] == (32, 32)
+        self.steps_per_epoch = source.train_len // global_batch
+        self._epoch = -1
+        self._perm = torch.empty(0, dtype=torch.int64)
+
+    def batch(self, epoch: int, step_in_epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's (inputs, labels) of ``step_in_epoch`` in ``epoch``."""
+        if epoch != self._epoch:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm = torch.randperm(self.source.train_len, generator=gen)
+            self._epoch = epoch
+        start = step_in_epoch * self.global_batch + self.rank * self.per_rank
+        x, y = self.source.train(self._perm[start : start + self.per_rank])
+        if self.augment:
+            key = ((self.seed * 1_000_003 + epoch) * 100_003 + step_in_epoch) * 1009 + self.rank
+            x = _augment(x, torch.Generator().manual_seed(key))
+        return x, y
+
+    def test_batches(self, batch: int) -> list[torch.Tensor]:
+        """This rank's share of the test set (every ``world_size``-th sample), in batches."""
+        idx = torch.arange(self.rank, self.source.test_len, self.world_size)
+        return list(idx.split(batch))

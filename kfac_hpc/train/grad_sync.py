@@ -1,0 +1,43 @@
+"""Data-parallel gradient averaging, with the job's stop flags riding along for free.
+
+All gradients are flattened into one buffer with a few extra float slots for flags that every
+rank must agree on (time limit reached, checkpoint due by the clock); one allreduce sums the
+lot, so agreeing on a clock-driven decision costs no extra collective.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["GradientAllreduce"]
+
+
+class GradientAllreduce:
+    """Average ``.grad`` of every parameter over ranks and sum a few flags."""
+
+    def __init__(self, model: nn.Module, world_size: int) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.world_size = world_size
+
+    def __call__(self, flags: list[float]) -> list[float]:
+        """Average gradients in place; return the flags summed over ranks."""
+        if self.world_size == 1:
+            return flags
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        device = grads[0].device
+        extra = torch.tensor(flags, dtype=grads[0].dtype, device=device)
+        flat = torch.cat([g.reshape(-1) for g in grads] + [extra])
+        dist.all_reduce(flat)
+        summed_flags = flat[-len(flags) :].tolist() if flags else []
+        flat.div_(self.world_size)
+        offset = 0
+        for p, g in zip(self.params, grads, strict=True):
+            n = g.numel()
+            if p.grad is None:
+                p.grad = flat[offset : offset + n].view_as(p).clone()
+            else:
+                p.grad.copy_(flat[offset : offset + n].view_as(g))
+            offset += n
+        return summed_flags

@@ -1,0 +1,133 @@
+"""The networks of the job, written here so torchvision stays optional.
+
+Inputs are NCHW image batches; outputs are logits of shape (N, num_classes).
+CIFAR ResNets follow He et al. 2016 (3 stages of 16/32/64 channels, 6n+2 layers) with 1x1
+projection shortcuts where the shape changes; ResNet-50 is the ImageNet bottleneck network.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["build_model"]
+
+
+class SmallCNN(nn.Module):
+    """Two 3x3 convolutions and two linear layers: seconds per epoch on digits (8x8)."""
+
+    def __init__(self, channels: int, num_classes: int) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(4),
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(32 * 16, 64), nn.ReLU(), nn.Linear(64, num_classes)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+def _mlp(in_features: int, num_classes: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(in_features, 128),
+        nn.ReLU(),
+        nn.Linear(128, 128),
+        nn.ReLU(),
+        nn.Linear(128, num_classes),
+    )
+
+
+def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1) -> list[nn.Module]:
+    return [
+        nn.Conv2d(cin, cout, kernel, stride=stride, padding=kernel // 2, bias=False),
+        nn.BatchNorm2d(cout),
+    ]
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 conv-BN layers with a residual connection (CIFAR ResNets)."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            *_conv_bn(cin, cout, 3, stride), nn.ReLU(inplace=True), *_conv_bn(cout, cout, 3)
+        )
+        self.shortcut: nn.Module = (
+            nn.Sequential(*_conv_bn(cin, cout, 1, stride))
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+class Bottleneck(nn.Module):
+    """1x1 reduce, 3x3, 1x1 expand (x4) with a residual connection (ResNet-50)."""
+
+    def __init__(self, cin: int, width: int, stride: int) -> None:
+        super().__init__()
+        cout = width * 4
+        self.body = nn.Sequential(
+            *_conv_bn(cin, width, 1),
+            nn.ReLU(inplace=True),
+            *_conv_bn(width, width, 3, stride),
+            nn.ReLU(inplace=True),
+            *_conv_bn(width, cout, 1),
+        )
+        self.shortcut: nn.Module = (
+            nn.Sequential(*_conv_bn(cin, cout, 1, stride))
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+def _cifar_resnet(depth: int, channels: int, num_classes: int) -> nn.Module:
+    blocks_per_stage = (depth - 2) // 6
+    layers: list[nn.Module] = [*_conv_bn(channels, 16, 3), nn.ReLU(inplace=True)]
+    cin = 16
+    for stage, width in enumerate((16, 32, 64)):
+        for block in range(blocks_per_stage):
+            layers.append(BasicBlock(cin, width, 2 if stage > 0 and block == 0 else 1))
+            cin = width
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, num_classes)]
+    return nn.Sequential(*layers)
+
+
+def _resnet50(channels: int, num_classes: int) -> nn.Module:
+    layers: list[nn.Module] = [
+        *_conv_bn(channels, 64, 7, 2),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, stride=2, padding=1),
+    ]
+    cin = 64
+    for stage, (width, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+        for block in range(blocks):
+            layers.append(Bottleneck(cin, width, 2 if stage > 0 and block == 0 else 1))
+            cin = width * 4
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes)]
+    return nn.Sequential(*layers)
+
+
+def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """The network ``name`` for inputs of shape (C, H, W); names are config.MODELS."""
+    channels, height, width = input_shape
+    if name == "small_cnn":
+        return SmallCNN(channels, num_classes)
+    if name == "mlp":
+        return _mlp(channels * height * width, num_classes)
+    if name in ("resnet20", "resnet32", "resnet56"):
+        return _cifar_resnet(int(name[len("resnet") :]), channels, num_classes)
+    if name == "resnet50":
+        return _resnet50(channels, num_classes)
+    raise ValueError(f"unknown model {name!r}")

@@ -1,0 +1,138 @@
+"""Timing records: every rank's window of phase times gathered to rank 0, once per window.
+
+A window is ``log_every`` steps (or fewer at the end of an attempt). Each rank packs
+``[steps, step seconds, loss sum, phase seconds x 12]`` into one float64 tensor; one
+``gather`` brings them to rank 0, which writes the ``train`` record of docs/contracts.md and
+keeps its own step durations for the percentiles of ``run.json``.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from kfac_hpc.train.rundir import PHASES, SCHEMA_VERSION, RunDir
+from kfac_hpc.train.timing import PhaseTimer
+
+__all__ = ["NullRecorder", "WindowRecorder", "peak_memory", "step_time_stats"]
+
+_HEAD = 3  # steps, step seconds, loss sum
+
+
+class WindowRecorder:
+    """Closes logging windows: a collective (every rank calls :meth:`close` at the same step)."""
+
+    def __init__(
+        self,
+        run_dir: RunDir,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        global_batch: int,
+        attempt: int,
+    ) -> None:
+        self.run_dir = run_dir
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.global_batch = global_batch
+        self.attempt = attempt
+        self.rank0_step_s: list[float] = []  # every step of this attempt, for percentiles
+        self._loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+
+    def add_loss(self, loss: torch.Tensor) -> None:
+        """Accumulate on the device: no host sync per step."""
+        self._loss_sum += loss.detach()
+
+    def close(self, timer: PhaseTimer, step: int, epoch: int, wall_s: float) -> dict[str, Any]:
+        """Gather the window from every rank; rank 0 appends the record and returns it
+        (other ranks return ``{}``)."""
+        phases, step_times = timer.drain()
+        local = torch.tensor(
+            [float(len(step_times)), sum(step_times), 0.0, *phases],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        local[2] = self._loss_sum
+        self._loss_sum.zero_()
+        if self.world_size > 1:
+            rows = (
+                [torch.empty_like(local) for _ in range(self.world_size)]
+                if self.rank == 0
+                else None
+            )
+            dist.gather(local, rows, dst=0)
+        else:
+            rows = [local]
+        if self.rank != 0:
+            return {}
+        assert rows is not None
+        table = torch.stack(rows).cpu().tolist()
+        self.rank0_step_s.extend(step_times)
+        return self._record(table, step, epoch, wall_s)
+
+    def _record(
+        self, table: list[list[float]], step: int, epoch: int, wall_s: float
+    ) -> dict[str, Any]:
+        steps = int(table[0][0])
+        if steps == 0:
+            return {}
+        rank_step_s = [row[1] / steps for row in table]
+        step_s = statistics.fmean(rank_step_s)
+        record = {
+            "schema": SCHEMA_VERSION,
+            "kind": "train",
+            "attempt": self.attempt,
+            "step": step,
+            "epoch": epoch,
+            "wall_s": round(wall_s, 6),
+            "window_steps": steps,
+            "loss": statistics.fmean(row[2] / steps for row in table),
+            "samples_per_s": self.global_batch / step_s if step_s > 0 else 0.0,
+            "step_s": step_s,
+            "phases_s": {
+                name: statistics.fmean(row[_HEAD + i] / steps for row in table)
+                for i, name in enumerate(PHASES)
+            },
+            "rank_step_s": rank_step_s,
+            "rank_phases_s": {
+                name: [row[_HEAD + i] / steps for row in table] for i, name in enumerate(PHASES)
+            },
+        }
+        self.run_dir.append_metrics(record)
+        return record
+
+
+class NullRecorder(WindowRecorder):
+    """Records off: nothing accumulated, gathered or written (the benchmark's baseline)."""
+
+    def add_loss(self, loss: torch.Tensor) -> None:
+        pass
+
+    def close(self, timer: PhaseTimer, step: int, epoch: int, wall_s: float) -> dict[str, Any]:
+        return {}
+
+
+def step_time_stats(step_times: list[float]) -> dict[str, float | int | None]:
+    """Mean, median and 90th percentile (nearest rank) of step durations in seconds."""
+    if not step_times:
+        return {"mean": None, "p50": None, "p90": None, "n": 0}
+    ordered = sorted(step_times)
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+    return {
+        "mean": statistics.fmean(ordered),
+        "p50": statistics.median(ordered),
+        "p90": p90,
+        "n": len(ordered),
+    }
+
+
+def peak_memory(device: torch.device) -> tuple[int, int | None]:
+    """(peak RSS of this process in bytes, peak CUDA allocation in bytes or None)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    cuda = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    return int(rss), None if cuda is None else int(cuda)

@@ -1,0 +1,86 @@
+"""Small models and dense float64 oracles shared by the optimizer tests."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def dense_patches(x: Tensor, conv: nn.Conv2d) -> Tensor:
+    """im2col by explicit slicing (independent of F.unfold): (N, L, groups, C_in/g·kh·kw)."""
+    kh, kw = conv.kernel_size
+    dh, dw = conv.dilation
+    sh, sw = conv.stride
+    if conv.padding == "same":
+        th, tw = dh * (kh - 1), dw * (kw - 1)
+        pad = (tw // 2, tw - tw // 2, th // 2, th - th // 2)
+    elif conv.padding == "valid":
+        pad = (0, 0, 0, 0)
+    else:
+        ph, pw = conv.padding
+        pad = (pw, pw, ph, ph)
+    mode = "constant" if conv.padding_mode == "zeros" else conv.padding_mode
+    xp = F.pad(x, pad, mode=mode)
+    n, _, h, w = xp.shape
+    out_h = (h - dh * (kh - 1) - 1) // sh + 1
+    out_w = (w - dw * (kw - 1) - 1) // sw + 1
+    rows = []
+    for i in range(out_h):
+        for j in range(out_w):
+            window = xp[
+                :,
+                :,
+                i * sh : i * sh + dh * (kh - 1) + 1 : dh,
+                j * sw : j * sw + dw * (kw - 1) + 1 : dw,
+            ]
+            rows.append(window.reshape(n, conv.groups, -1))
+    return torch.stack(rows, 1)
+
+
+def dense_factors(module: nn.Module, x: Tensor, grad_out: Tensor) -> tuple[Tensor, Tensor]:
+    """A = (1/M) Σ a aᵀ (bias as a column of ones), G = (1/N) Σ (N g)(N g)ᵀ, float64 loops."""
+    x, grad_out = x.double(), grad_out.double()
+    n = x.shape[0]
+    if isinstance(module, nn.Conv2d):
+        groups = module.groups
+        a = dense_patches(x, module).reshape(-1, groups, dense_patches(x, module).shape[-1])
+        g = grad_out.permute(0, 2, 3, 1).reshape(-1, groups, module.out_channels // groups)
+    else:
+        groups = 1
+        a = x.reshape(-1, 1, x.shape[-1])
+        g = grad_out.reshape(-1, 1, grad_out.shape[-1])
+    if module.bias is not None:
+        a = torch.cat([a, torch.ones(*a.shape[:-1], 1, dtype=a.dtype)], -1)
+    a_fac = torch.stack(
+        [sum(torch.outer(r, r) for r in a[:, k]) / a.shape[0] for k in range(groups)]
+    )
+    g_fac = torch.stack(
+        [sum(torch.outer(n * r, n * r) for r in g[:, k]) / n for k in range(groups)]
+    )
+    return (a_fac[0], g_fac[0]) if groups == 1 else (a_fac, g_fac)
+
+
+def output_grad(module: nn.Module, x: Tensor, target_seed: int = 0) -> Tensor:
+    """d(mean loss)/d(output) of a simple batch-mean loss on the module's output."""
+    out = module(x)
+    out.retain_grad()
+    torch.manual_seed(target_seed)
+    target = torch.randn_like(out)
+    loss = ((out - target) ** 2).reshape(out.shape[0], -1).sum(1).mean()
+    loss.backward()
+    assert out.grad is not None
+    return out.grad
+
+
+def small_cnn(dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A tiny CNN for 8×8 single-channel images (sklearn digits)."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1),
+        nn.ReLU(inplace=True),
+        nn.Flatten(),
+        nn.Linear(32 * 16, 10),
+    ).to(dtype)

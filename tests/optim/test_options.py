@@ -1,0 +1,70 @@
+"""Every invalid option raises ValueError naming the option (and its valid range)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from kfac_hpc import KFACPreconditioner
+
+INVALID = [
+    ("factor_update_steps", 0),
+    ("factor_update_steps", 2.5),
+    ("factor_update_steps", "10"),
+    ("inv_update_steps", -1),
+    ("damping", 0.0),
+    ("damping", float("nan")),
+    ("factor_decay", 1.0),
+    ("factor_decay", -0.1),
+    ("kl_clip", 0),
+    ("lr", -0.1),
+    ("lr", True),
+    ("accumulation_steps", 0),
+    ("accumulation_steps", 1.5),
+    ("allreduce_bucket_cap_mb", 0),
+    ("allreduce_bucket_cap_mb", "25"),
+    ("assignment_strategy", "fastest"),
+    ("colocate_factors", "yes"),
+    ("compute_method", "cholesky"),
+    ("compute_eigenvalue_outer_product", 1),
+    ("grad_worker_fraction", "half"),
+    ("grad_worker_fraction", 0.0),
+    ("grad_worker_fraction", 1.5),
+    ("grad_worker_fraction", 0.5),  # f·P = 0.5 ranks at world size 1
+    ("symmetry_aware", None),
+    ("grad_scaler", object()),
+    ("factor_dtype", torch.int32),
+    ("inv_dtype", torch.float16),
+    ("skip_layers", "fc"),
+    ("update_factors_in_hook", "no"),
+    ("synchronize_timings", 0),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), INVALID, ids=[f"{n}={v!r}" for n, v in INVALID])
+def test_invalid_option_names_itself(name: str, value: object) -> None:
+    with pytest.raises(ValueError, match=name):
+        KFACPreconditioner(nn.Linear(2, 2), **{name: value})
+
+
+def test_unknown_option_lists_valid_ones() -> None:
+    with pytest.raises(
+        ValueError, match=r"unknown option.*facter_decay.*valid options.*factor_decay"
+    ):
+        KFACPreconditioner(nn.Linear(2, 2), facter_decay=0.9)
+
+
+def test_scheduled_value_out_of_range_names_option() -> None:
+    model = nn.Linear(2, 2)
+    pre = KFACPreconditioner(model, damping=lambda step: 0.1 - 0.1 * step)
+    model(torch.randn(3, 2)).sum().backward()
+    pre.step()
+    model(torch.randn(3, 2)).sum().backward()
+    with pytest.raises(ValueError, match="damping must be a finite number > 0"):
+        pre.step()
+
+
+def test_repr_names_layers_and_options() -> None:
+    text = repr(KFACPreconditioner(nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1)), damping=0.01))
+    assert "damping=0.01" in text and "0 (Linear, A 3, G 3)" in text and "comm-opt" in text

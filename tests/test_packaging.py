@@ -1,0 +1,42 @@
+"""The wheel ships everything an installed `kfac-hpc` needs at run time (any directory)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from tests.conftest import REPO, clean_env
+
+SUBPACKAGES = ("runtime", "comm", "optim", "checkpoint", "train", "sweep", "analysis", "workflows")
+
+
+def test_wheel_holds_every_subpackage_and_the_templates(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    (wheel,) = tmp_path.glob("kfac_hpc-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for sub in SUBPACKAGES:
+        assert f"kfac_hpc/{sub}/__init__.py" in names, f"kfac_hpc.{sub} missing from the wheel"
+    assert any(n.startswith("kfac_hpc/templates/") and n.endswith(".j2") for n in names)
+    assert "kfac_hpc/py.typed" in names
+    assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)

@@ -1,0 +1,44 @@
+"""Helpers of the job's tests: start `kfac-hpc train` as real processes, read its run dir."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import VENV_BIN, clean_env, run_mpi
+
+KFAC_HPC = str(VENV_BIN / "kfac-hpc")
+# Small and quick: digits, the small CNN, K-FAC on; 22 steps per epoch at a global batch of 64.
+QUICK = ["--dataset", "digits", "--model", "small_cnn", "--batch-size", "64", "--log-every", "5"]
+
+
+def train_cmd(run_dir: Path, *args: str) -> list[str]:
+    return [KFAC_HPC, "train", "--run-dir", str(run_dir), *QUICK, *args]
+
+
+def run_plain(run_dir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 120):
+    return subprocess.run(
+        train_cmd(run_dir, *args),
+        env=clean_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_ranks(n: int, run_dir: Path, *args: str, env: dict[str, str] | None = None):
+    return run_mpi(n, train_cmd(run_dir, *args), env=env, timeout=240)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def explain(proc: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"

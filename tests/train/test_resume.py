@@ -1,0 +1,69 @@
+"""A run killed mid-way (SIGKILL) or preempted (SIGUSR2) and started again finishes the run."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+from kfac_hpc.train.rundir import validate_run_dir
+
+from .conftest import clean_env, explain, read_json, run_plain, train_cmd
+
+ARGS = ("--epochs", "10", "--checkpoint-every", "10")
+TOTAL_STEPS = 10 * 22
+
+
+def _start_and_wait_for_checkpoint(run_dir):
+    proc = subprocess.Popen(
+        train_cmd(run_dir, *ARGS),
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoints" / "latest").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.02)
+    return proc
+
+
+def _restart_and_finish(run_dir):
+    proc = run_plain(run_dir, *ARGS)
+    assert proc.returncode == 0, explain(proc)
+    assert validate_run_dir(run_dir) == []
+    summary = read_json(run_dir / "run.json")
+    assert summary["state"] == "done" and summary["steps"] == TOTAL_STEPS
+    assert summary["restarts"] == 1 and len(summary["attempts"]) == 2
+    first, second = summary["attempts"]
+    assert 0 < second["start_step"] <= first["end_step"] and second["end"] == "done"
+    assert summary["wall_s"] >= first["wall_s"] + second["wall_s"] - 1e-6
+    assert summary["final_accuracy"] > 0.9
+    return first, second
+
+
+def test_killed_run_resumes_from_its_latest_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start_and_wait_for_checkpoint(run_dir)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert not (run_dir / "done").exists()
+    first, second = _restart_and_finish(run_dir)
+    assert first["end"] == "killed"
+    assert second["start_step"] % 10 == 0  # from the latest periodic checkpoint
+
+
+def test_preempted_run_exits_75_and_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start_and_wait_for_checkpoint(run_dir)
+    proc.send_signal(signal.SIGUSR2)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err
+    assert (run_dir / "preempted").exists() and not (run_dir / "done").exists()
+    assert read_json(run_dir / "run.json")["state"] == "preempted"
+    first, second = _restart_and_finish(run_dir)
+    assert first["end"] == "preempted"
+    assert second["start_step"] == first["end_step"]  # checkpointed at the agreed step
+    assert not (run_dir / "preempted").exists()
