@@ -47,10 +47,9 @@ lint: venv
 bench: venv
 	@bash benchmarks/run_all.sh
 
+# A small local sweep (digits, 1 and 2 ranks, SGD vs K-FAC; no Slurm) ending in its report.
 demo: venv
-	@echo "make demo will run a small local sweep (digits, 1 and 2 ranks, SGD vs K-FAC) and"
-	@echo "print its scaling report once the sweep command lands. Today it checks the set-up:"
-	$(VENV)/bin/kfac-hpc doctor
+	@bash tools/demo.sh
 
 clean:
 	-bash slurm/cluster.sh stop

@@ -10,7 +10,9 @@ One command: ``.venv/bin/python benchmarks/bench_kfac_memory.py`` starts itself 
    allreduce in 25 MiB buckets and unbucketed, the upper-triangle allreduce, and a reduce of
    each factor only to its MEM-OPT inverse worker; and counts the factor bytes each rank would
    keep if factors were reduced to their owners only (the reference library keeps every factor
-   on every rank).
+   on every rank);
+3. times the MEM-OPT gradient broadcast (every layer's gradient from its owner to all ranks)
+   with one broadcast per layer and with ``AsyncBroadcaster``'s per-owner buckets.
 
 Prints the ratios and writes benchmarks/results/kfac_memory.json.
 """
@@ -85,6 +87,24 @@ def time_reduction(
     return statistics.median(samples)
 
 
+def time_grad_broadcast(grads: dict[str, Any], owners: dict[str, int], cap_mb: float) -> float:
+    """Median seconds to broadcast every layer's gradient from its MEM-OPT owner to all."""
+    import torch.distributed as dist
+
+    from kfac_hpc.comm import AsyncBroadcaster
+
+    samples = []
+    for _ in range(REPEATS):
+        broadcaster = AsyncBroadcaster(bucket_cap_mb=cap_mb)
+        dist.barrier()
+        start = time.perf_counter()
+        for name, grad in grads.items():
+            broadcaster.broadcast(grad, owners[name])
+        broadcaster.wait()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
 def factor_comm(shapes: dict[str, list[list[int]]], rank: int) -> dict[str, Any]:
     """Factor reduction timings and owner-only factor bytes for the ResNet-32 factor shapes."""
     import torch
@@ -108,6 +128,8 @@ def factor_comm(shapes: dict[str, list[list[int]]], rank: int) -> dict[str, Any]
         )
     mem_plan = KAISAAssignment(dims, WORLD_SIZE, "mem-opt", "compute")
     owners = {key: mem_plan.inverse_worker(*key.rsplit("/", 1)) for key in factors}
+    grads = {name: torch.randn(g[-1], a[-1], generator=gen) for name, (a, g) in shapes.items()}
+    grad_owners = {name: mem_plan.grad_source(name, 0) for name in shapes}
     full = sum(t.numel() * 4 for t in factors.values())
     triangle = sum(t.shape[0] * (t.shape[0] + 1) // 2 * 4 for t in factors.values())
     return {
@@ -118,6 +140,8 @@ def factor_comm(shapes: dict[str, list[list[int]]], rank: int) -> dict[str, Any]
         "allreduce_triangle_s": time_reduction(factors, None, symmetric=True),
         "reduce_to_owner_triangle_s": time_reduction(factors, owners, symmetric=True),
         "owner_only_factor_bytes": owned_bytes,
+        "grad_broadcast_unbucketed_s": time_grad_broadcast(grads, grad_owners, 0.0),
+        "grad_broadcast_bucketed_s": time_grad_broadcast(grads, grad_owners, 25.0),
     }
 
 
@@ -180,6 +204,8 @@ def summarise(ranks: list[dict[str, Any]]) -> dict[str, Any]:
             "allreduce_unbucketed_s",
             "allreduce_triangle_s",
             "reduce_to_owner_triangle_s",
+            "grad_broadcast_unbucketed_s",
+            "grad_broadcast_bucketed_s",
         )
     }
     phases = {
@@ -233,6 +259,12 @@ def report(summary: dict[str, Any]) -> None:
         f"triangle {tri * 1e3:.1f} ms ({tri / full:.2f}x), reduce-to-owner triangle "
         f"{fc['reduce_to_owner_triangle_s'] * 1e3:.1f} ms "
         f"({fc['reduce_to_owner_triangle_s'] / full:.2f}x)"
+    )
+    bucketed, single = fc["grad_broadcast_bucketed_s"], fc["grad_broadcast_unbucketed_s"]
+    print(
+        f"MEM-OPT gradient broadcast of all layers from their owners: one broadcast per layer "
+        f"{single * 1e3:.1f} ms, bucketed per owner {bucketed * 1e3:.1f} ms "
+        f"({single / bucketed:.1f}x faster)"
     )
     mem = summary["ratios"]["mem-opt"]["second_order_mean_vs_comm_opt"]
     print(f"MEM-OPT/COMM-OPT second-order ratio: {mem:.3f} (target ~ {1 / WORLD_SIZE:.2f})")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -51,6 +52,14 @@ def _collect_or_exit(source: Path) -> Collection:
         sys.exit(EXIT_BAD_INPUT)
 
 
+def _write_or_exit(out_dir: Path, write: Callable[[], object]) -> None:
+    try:
+        write()
+    except OSError as exc:  # a read-only sweep directory, a full disk
+        click.echo(f"error: cannot write to {out_dir}: {exc}; pass --out DIR", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+
 def _exit_code(collection: Collection) -> int:
     return EXIT_ALL_DONE if collection.all_done else EXIT_NOT_ALL_DONE
 
@@ -85,7 +94,7 @@ def collect_command(
     collection = _collect_or_exit(source)
     tables = build_tables(collection, target_accuracy)
     out_dir = out or source / "analysis"
-    write_tables(tables, out_dir)
+    _write_or_exit(out_dir, lambda: write_tables(tables, out_dir))
     click.echo(render(tables.runs, RUN_COLUMNS, fmt, RUN_TABLE_VIEW))
     click.echo(f"{_summary_line(collection)}; tables in {out_dir}", err=True)
     sys.exit(_exit_code(collection))
@@ -125,8 +134,9 @@ def report_command(
     """Write report.md, a self-contained report.html and PNG plots for SWEEP_DIR.
 
     Prints the scaling table (one row per configuration and node count) and the baseline
-    comparison; ``--format json`` prints {"scaling": [...], "comparison": [...] or null}.
-    Exit codes as for ``collect``.
+    comparison; with --format json one object {"scaling": [...], "comparison": [...] or null}.
+    Exit code 0: every point is done; 1: some failed or are incomplete (the report is still
+    written); 2: bad input.
     """
     from kfac_hpc.analysis.compare import COMPARE_COLUMNS, compare
     from kfac_hpc.analysis.metrics import SCALING_COLUMNS
@@ -144,8 +154,8 @@ def report_command(
         base_tables = build_tables(_collect_or_exit(baseline), target_accuracy)
         comparison = compare(tables.scaling, base_tables.scaling, regression_threshold)
     out_dir = out or source / "report"
-    write_tables(tables, out_dir / "tables")
-    write_report(collection, tables, out_dir, comparison, baseline)
+    _write_or_exit(out_dir, lambda: write_tables(tables, out_dir / "tables"))
+    _write_or_exit(out_dir, lambda: write_report(collection, tables, out_dir, comparison, baseline))
     if fmt == "json":  # one document: the scaling table, and the comparison (or null)
         click.echo(json.dumps({"scaling": tables.scaling, "comparison": comparison}, indent=1))
     else:

@@ -90,6 +90,21 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _column(values: list[Any]) -> tuple[str, list[Any]]:
+    """One Parquet column's type (bool, int64, double or string) and its values: a column whose
+    values mix kinds (a damaged run's junk) becomes strings rather than failing the write."""
+    present = [v for v in values if v is not None]
+    if present and all(type(v) is bool for v in present):
+        return "bool", values
+    if all(type(v) is int for v in present):
+        return "int64", values
+    if all(type(v) in (int, float) for v in present):
+        return "double", [None if v is None else float(v) for v in values]
+    as_text = [v if isinstance(v, str) else json.dumps(v, default=str) for v in present]
+    texts = iter(as_text)
+    return "string", [None if v is None else next(texts) for v in values]
+
+
 def _write_parquet(path: Path, rows: list[Row], columns: Sequence[str]) -> bool:
     """Write Parquet when pyarrow is importable; False when it is not."""
     try:
@@ -97,8 +112,14 @@ def _write_parquet(path: Path, rows: list[Row], columns: Sequence[str]) -> bool:
         import pyarrow.parquet as pq
     except ImportError:
         return False
-    table = pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows])
-    pq.write_table(table, path)
+    arrays, fields = [], []
+    for name in columns:
+        kind, values = _column([r.get(name) for r in rows])
+        arrays.append(pa.array(values, type=pa.type_for_alias(kind)))
+        fields.append(name)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(pa.Table.from_arrays(arrays, names=fields), tmp)
+    os.replace(tmp, path)
     return True
 
 

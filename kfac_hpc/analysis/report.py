@@ -145,9 +145,16 @@ def build_blocks(
                 f"({best['group']}, {best['nodes']} node(s)).",
             )
         )
+    phase_columns = [
+        f"phase_{p}_s_median"
+        for p in schema.PHASES
+        if any(row.get(f"phase_{p}_s_median") for row in tables.scaling)
+    ]
     blocks += [
         Block("heading", "Where the time goes"),
         Block("table", rows=tables.scaling, columns=PHASE_VIEW),
+        Block("text", "Seconds per step of each phase (median over repeats):"),
+        Block("table", rows=tables.scaling, columns=("group", "nodes", *phase_columns)),
     ]
     if comparison is not None:
         flagged = sum(1 for r in comparison if r["regression"])
@@ -166,6 +173,8 @@ def build_blocks(
     blocks += [
         Block("heading", "Every point"),
         Block("table", rows=tables.runs, columns=RUNS_VIEW),
+        Block("heading", "Notes (problems worked around, sweep vs job mismatches)"),
+        Block("table", rows=[r for r in tables.runs if r["notes"]], columns=("run_id", "notes")),
         Block("heading", "Segments (attempts)"),
         Block("table", rows=tables.segments, columns=SEGMENTS_VIEW),
         Block("heading", "Definitions"),

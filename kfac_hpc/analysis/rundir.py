@@ -18,7 +18,7 @@ from kfac_hpc.analysis import schema
 JSON = dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Window:
     """One ``kind: train`` record: per-step means over ``window_steps`` steps, rank-averaged."""
 
@@ -34,7 +34,7 @@ class Window:
     rank_phases_s: dict[str, list[float]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EvalPoint:
     """One ``kind: eval`` record."""
 
@@ -45,7 +45,7 @@ class EvalPoint:
     accuracy: float | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Segment:
     """One attempt (start or requeue) of a run: its step range and the time it took.
 
@@ -129,7 +129,7 @@ def _check_schema(obj: JSON, where: str) -> None:
         )
 
 
-def _float_list(value: Any) -> list[float]:
+def float_list(value: Any) -> list[float]:
     """A list of finite floats, or [] when ``value`` is not one (checked at C speed: per-rank
     lists hold world-size x phases numbers per record, the bulk of a large metrics.jsonl)."""
     if not isinstance(value, list):
@@ -168,9 +168,9 @@ def _window(obj: JSON) -> Window | None:
         loss=number(obj.get("loss")),
         samples_per_s=number(obj.get("samples_per_s")),
         phases_s=_phase_map(obj.get("phases_s")),
-        rank_step_s=_float_list(obj.get("rank_step_s")),
+        rank_step_s=float_list(obj.get("rank_step_s")),
         rank_phases_s=(
-            {k: _float_list(v) for k, v in rank_phases.items()}
+            {k: float_list(v) for k, v in rank_phases.items()}
             if isinstance(rank_phases, dict)
             else {}
         ),
@@ -191,11 +191,11 @@ def _eval(obj: JSON) -> EvalPoint | None:
 
 
 # Per-rank arrays of a train record; skipped when run.json already summarises them per rank.
-_RANK_KEYS = (b'"rank_phases_s"', b'"rank_step_s"')
+_RANK_KEYS = ('"rank_phases_s"', '"rank_step_s"')
 
 
-def _without_rank_arrays(line: bytes) -> bytes:
-    """``line`` with its per-rank arrays cut out textually (bytes.find runs at memchr speed;
+def _without_rank_arrays(line: str) -> str:
+    """``line`` with its per-rank arrays cut out textually (str.find runs at memchr speed;
     parsing them would dominate the collector's time on large sweeps).
 
     Only the plain shape is cut: ``, "rank_step_s": [numbers]`` and
@@ -205,12 +205,17 @@ def _without_rank_arrays(line: bytes) -> bytes:
         start = line.find(key)
         if start < 0:
             continue
-        comma = line.rfind(b",", 0, start)
+        comma = line.rfind(",", 0, start)
         if comma < 0 or line[comma + 1 : start].strip():
             continue
-        value = line.find(b"[" if key == b'"rank_step_s"' else b"{", start)
-        end = line.find(b"]" if key == b'"rank_step_s"' else b"}", value)
-        if value < 0 or end < 0 or line.find(b"{", value + 1, end) >= 0:
+        value = line.find("[" if key == '"rank_step_s"' else "{", start)
+        end = line.find("]" if key == '"rank_step_s"' else "}", value)
+        if (
+            value < 0
+            or end < 0
+            or line[start + len(key) : value].strip() != ":"  # the value opens right here
+            or line.find("{", value + 1, end) >= 0
+        ):
             continue
         line = line[:comma] + line[end + 1 :]
     return line
@@ -230,14 +235,15 @@ def read_metrics(path: Path, run: RunData, *, rank_arrays: bool = True) -> None:
     except OSError as exc:
         run.notes.append(f"metrics.jsonl: unreadable ({exc})")
         return
-    lines = raw.split(b"\n")
+    # Undecodable bytes become U+FFFD: their record then fails to parse and is counted.
+    lines = raw.decode("utf-8", errors="replace").split("\n")
     truncated = bad = 0
     for index, line in enumerate(lines):
-        if not line.strip():
+        if not line or line.isspace():
             continue
         try:
             obj = json.loads(line if rank_arrays else _without_rank_arrays(line))
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except json.JSONDecodeError:
             obj = None
         if not isinstance(obj, dict) or obj.get("schema", schema.RUN_SCHEMA) != schema.RUN_SCHEMA:
             # The unterminated last line is a record being written, or cut by a crash.
@@ -396,10 +402,11 @@ def read_run_dir(path: Path, point: JSON | None = None) -> RunData:
             setattr(run, target, _read_json(path / name) or {})
         except FileProblem as exc:
             run.notes.append(str(exc))
-    # A finished run's summary holds the per-rank figures; the records' arrays are not needed.
-    summarised = all(key in run.summary for key in ("rank_phases_s", "samples_per_s_per_rank"))
-    read_metrics(path / "metrics.jsonl", run, rank_arrays=not summarised)
     done, error = _marker_text(path / "done"), _marker_text(path / "error")
+    # A finished run's summary holds the per-rank figures; the records' arrays are not needed.
+    finished = done is not None and run.summary.get("state") == "done"
+    per_rank = all(key in run.summary for key in ("rank_phases_s", "samples_per_s_per_rank"))
+    read_metrics(path / "metrics.jsonl", run, rank_arrays=not (finished and per_rank))
     _state(run, done, error, _marker_text(path / "preempted"))
     if run.state == schema.DONE and not run.config:
         run.notes.append("config.json missing: parameters taken from run.json")
@@ -410,9 +417,21 @@ def read_run_dir(path: Path, point: JSON | None = None) -> RunData:
             run.notes.append(f"{key}: the sweep asked for {asked}, the job saw {seen}")
     if isinstance(run.summary.get("run_id"), str) and not point_id:
         run.run_id = run.summary["run_id"]
-    run.segments = _segments_from_summary(run) or _segments_from_records(
-        run, "done" if run.state == schema.DONE else run.state
-    )
+    # run.json covers the attempts up to its writing; a requeued attempt running now (or
+    # killed) is visible only in the records.
+    summarised = _segments_from_summary(run)
+    last = max((s.attempt for s in summarised), default=-1)
+    newer = [
+        s
+        for s in _segments_from_records(run, "done" if run.state == schema.DONE else run.state)
+        if s.attempt > last
+    ]
+    run.segments = summarised + newer
+    if summarised and newer and run.state == schema.INCOMPLETE:
+        run.reason = (
+            f"attempt {newer[-1].attempt} started after the preemption and has not ended: "
+            "still running, or killed before it could write a marker"
+        )
     if run.state == schema.INCOMPLETE and any("not valid JSON" in n for n in run.notes):
         run.state, run.reason = schema.INVALID, "; ".join(run.notes)
     return run

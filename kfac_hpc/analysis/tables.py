@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 from kfac_hpc.analysis import schema
-from kfac_hpc.analysis.rundir import RunData, Window, number
+from kfac_hpc.analysis.rundir import RunData, Window, float_list, number
 from kfac_hpc.analysis.stats import percentile, ratio, relative_spread, weighted_mean
 
 Row = dict[str, Any]
@@ -364,9 +364,7 @@ def phase_rows(run: RunData, row: Row) -> list[Row]:
         values = [w.phases_s[phase] for w in run.windows if phase in w.phases_s]
         ranks: list[float] = []
         if isinstance(rank_summary, dict):  # the job's own per-rank means
-            raw = rank_summary.get(phase)
-            values_r = raw if isinstance(raw, list) else []
-            ranks = [v for v in (number(x) for x in values_r) if v is not None]
+            ranks = float_list(rank_summary.get(phase))
         elif with_ranks:
             ranks = _rank_means(run.windows, partial(_rank_phase, phase=phase))
         out.append(

@@ -27,6 +27,7 @@ Keys are escaped so that any str is a valid HDF5 name: ``%`` → ``%25``, ``/`` 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
@@ -34,7 +35,7 @@ import h5py
 import numpy as np
 import torch
 
-from kfac_hpc.checkpoint.chunk_io import chunk_rows, read_array, write_array
+from kfac_hpc.checkpoint.chunk_io import ScratchBuffer, chunk_rows, read_array, write_array
 
 __all__ = [
     "KIND",
@@ -100,7 +101,15 @@ def _number_list_dtype(values: Sequence[Any]) -> type | None:
     return None
 
 
-def _write_attr(group: h5py.Group, name: str, value: Any, path: str) -> None:
+@dataclass
+class _Writer:
+    """Settings and the staging buffer shared by one :func:`write_tree` call."""
+
+    compression: str | None = None
+    scratch: ScratchBuffer = field(default_factory=ScratchBuffer)
+
+
+def _write_attr(group: h5py.Group, name: str, value: Any, path: str, w: _Writer) -> None:
     if isinstance(value, np.generic):
         value = value.item()
     if value is None:
@@ -121,7 +130,7 @@ def _write_attr(group: h5py.Group, name: str, value: Any, path: str) -> None:
         if b"\x00" in raw:
             raise TreeError(f"{path}: strings with NUL characters cannot be stored")
         if len(raw) > _LONG_STR_BYTES:
-            ds = _create_dataset(group, name, np.frombuffer(raw, dtype=np.uint8), None)
+            ds = _create_dataset(group, name, np.frombuffer(raw, dtype=np.uint8), w)
             ds.attrs[KIND] = _fixed_str("str")
             return
         group.attrs.create(name, np.array(raw, dtype=h5py.string_dtype("utf-8", max(1, len(raw)))))
@@ -134,13 +143,12 @@ def _fixed_str(text: str) -> np.ndarray:
     return np.array(raw, dtype=h5py.string_dtype("utf-8", max(1, len(raw))))
 
 
-def _create_dataset(
-    group: h5py.Group, name: str, array: np.ndarray, compression: str | None
-) -> h5py.Dataset:
+def _create_dataset(group: h5py.Group, name: str, array: np.ndarray, w: _Writer) -> h5py.Dataset:
     if array.size == 0:  # nothing to checksum; HDF5 cannot chunk a zero-length dimension
         return group.create_dataset(name, data=array)
+    compression = w.compression
     if compression is None:
-        return write_array(group, name, array)
+        return write_array(group, name, array, w.scratch)
     return group.create_dataset(
         name,
         data=array,
@@ -160,12 +168,12 @@ def _tensor_array(tensor: torch.Tensor) -> np.ndarray:
 
 
 def _write_dataset(
-    group: h5py.Group, name: str, value: torch.Tensor | np.ndarray, compression: str | None
+    group: h5py.Group, name: str, value: torch.Tensor | np.ndarray, w: _Writer
 ) -> None:
     if isinstance(value, torch.Tensor):
         array = _tensor_array(value)
         scalar = array.ndim == 0
-        ds = _create_dataset(group, name, array.reshape(1) if scalar else array, compression)
+        ds = _create_dataset(group, name, array.reshape(1) if scalar else array, w)
         ds.attrs[KIND] = _fixed_str("tensor")
         ds.attrs[_DTYPE] = _fixed_str(str(value.dtype).removeprefix("torch."))
         if scalar:
@@ -174,32 +182,32 @@ def _write_dataset(
     if value.dtype.hasobject:
         raise TreeError(f"{group.name}/{name}: object arrays cannot be stored without pickle")
     scalar = value.ndim == 0
-    ds = _create_dataset(group, name, value.reshape(1) if scalar else value, compression)
+    ds = _create_dataset(group, name, value.reshape(1) if scalar else value, w)
     ds.attrs[KIND] = _fixed_str("ndarray")
     if scalar:
         ds.attrs[_SCALAR] = np.bool_(True)
 
 
-def _write_child(group: h5py.Group, name: str, value: Any, compression: str | None) -> None:
+def _write_child(group: h5py.Group, name: str, value: Any, w: _Writer) -> None:
     path = f"{group.name.rstrip('/')}/{name}"
     if isinstance(value, Mapping):
         sub = group.create_group(name, track_order=True)
-        write_tree(sub, value, compression=compression)
+        _write_group(sub, value, w)
     elif isinstance(value, (list, tuple)):
         kind = "tuple" if isinstance(value, tuple) else "list"
         dtype = _number_list_dtype(value)
         if dtype is not None:
-            ds = _create_dataset(group, name, np.asarray(value, dtype=dtype), None)
+            ds = _create_dataset(group, name, np.asarray(value, dtype=dtype), w)
             ds.attrs[KIND] = _fixed_str(kind)
             return
         sub = group.create_group(name, track_order=True)
         sub.attrs[KIND] = _fixed_str(kind)
         for index, item in enumerate(value):
-            _write_child(sub, str(index), item, compression)
+            _write_child(sub, str(index), item, w)
     elif isinstance(value, (torch.Tensor, np.ndarray)):
-        _write_dataset(group, name, value, compression)
+        _write_dataset(group, name, value, w)
     elif _is_scalar(value):
-        _write_attr(group, name, value, path)
+        _write_attr(group, name, value, path, w)
     else:
         raise TreeError(f"{path}: unsupported type {type(value).__name__} (no pickle fallback)")
 
@@ -207,7 +215,15 @@ def _write_child(group: h5py.Group, name: str, value: Any, compression: str | No
 def write_tree(
     group: h5py.Group, tree: Mapping[Any, Any], *, compression: str | None = None
 ) -> None:
-    """Write ``tree`` into the (empty) ``group``; keys must be all str or all int."""
+    """Write ``tree`` into the (empty) ``group``; keys must be all str or all int.
+
+    ``compression`` ("gzip", "lzf") goes through HDF5's filter pipeline (slower); without it
+    chunks are checksummed here and written directly (see chunk_io).
+    """
+    _write_group(group, tree, _Writer(compression))
+
+
+def _write_group(group: h5py.Group, tree: Mapping[Any, Any], w: _Writer) -> None:
     keys = list(tree)
     if keys and all(isinstance(k, int) and not isinstance(k, bool) for k in keys):
         group.attrs[KIND] = _fixed_str("intdict")
@@ -218,7 +234,7 @@ def write_tree(
     else:
         raise TreeError(f"{group.name}: keys must be all str or all int, got {keys[:5]}")
     for name, value in zip(names, tree.values(), strict=True):
-        _write_child(group, name, value, compression)
+        _write_child(group, name, value, w)
 
 
 def _decode_str(value: Any) -> str:

@@ -160,8 +160,13 @@ class CheckpointManager:
         self.compression = compression
         self.locking = locking
         if rank == 0:
+            # Leftovers of a writer that died: temporaries, and files it published but had
+            # not pruned yet (the one `latest` names is always kept).
             self.directory.mkdir(parents=True, exist_ok=True)
             remove_stale_temporaries(self.directory)
+            latest = read_latest(self.directory)
+            if latest is not None:
+                prune(self.directory, keep, protect=latest)
 
     @property
     def _distributed(self) -> bool:

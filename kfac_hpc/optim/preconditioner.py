@@ -72,11 +72,10 @@ class KFACPreconditioner:
                 f"unknown option(s) {', '.join(unknown)}; valid options: {', '.join(sorted(valid))}"
             )
         self.options = KFACOptions(**options)
-        self.model = (
-            model.module
-            if hasattr(model, "module") and isinstance(model, nn.parallel.DistributedDataParallel)
-            else model
-        )
+        # Layer names must not depend on DDP wrapping (checkpoints are keyed by them).
+        inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+        assert isinstance(inner, nn.Module)
+        self.model = inner
         self.layers = self._register(self.model)
         self.factors = {name: LayerFactors() for name in self.layers}
         initialised = dist.is_available() and dist.is_initialized()
@@ -97,7 +96,6 @@ class KFACPreconditioner:
         # Second-order data held by this rank: layer -> factor -> [Q, d] (eigen) or [inverse].
         self.second_order: dict[str, dict[str, list[Tensor]]] = {}
         self._outer: dict[str, Tensor] = {}
-        self._outer_damping: dict[str, float] = {}
         self.steps = 0
         self.skipped_factor_updates = 0
         self.last_timings = dict.fromkeys(PHASES, 0.0)
@@ -153,12 +151,7 @@ class KFACPreconditioner:
         if not self._capturing(module) or not isinstance(out, Tensor) or not out.requires_grad:
             return
         layer = self.layers[name]
-        if name in self._submitted:
-            raise RuntimeError(
-                f"K-FAC layer {name} ran more than accumulation_steps="
-                f"{self.options.accumulation_steps} times in one step; with a module used "
-                "several times per forward pass set update_factors_in_hook=False"
-            )
+        self._check_not_submitted(name)
         if self.options.update_factors_in_hook:
             with self._no_autocast(out):
                 self.factors[name].add_a(layer.a_factor(inputs[0], self._factor_dtype(layer)))
@@ -170,11 +163,20 @@ class KFACPreconditioner:
         if not self.options.update_factors_in_hook:
             self._saved[name][1].append(grad.detach())
             return
+        self._check_not_submitted(name)
         layer, factors = self.layers[name], self.factors[name]
         with self._no_autocast(grad):
             factors.add_g(layer.g_factor(grad, self._multiplier(), self._factor_dtype(layer)))
         if factors.count_g == self.options.accumulation_steps and factors.has_pending():
             self._submit(name)  # launches its bucket when full: overlaps the rest of backward
+
+    def _check_not_submitted(self, name: str) -> None:
+        if name in self._submitted:
+            raise RuntimeError(
+                f"K-FAC layer {name} ran more than accumulation_steps="
+                f"{self.options.accumulation_steps} times in one step; with a module used "
+                "several times per forward pass set update_factors_in_hook=False"
+            )
 
     @staticmethod
     @contextmanager

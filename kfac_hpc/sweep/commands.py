@@ -62,24 +62,20 @@ _LIST = "comma-separated list"
 @click.option(
     "--nodes", default=None, help=f"Node counts, {_LIST}: one Slurm array each (e.g. 1,2,4,16)."
 )
-@click.option("--ranks-per-node", type=int, default=None, help="MPI ranks per node [1].")
-@click.option(
-    "--gpus-per-node", type=int, default=None, help="GPUs per node [0, or the profile's]."
-)
-@click.option(
-    "--cpus-per-task", type=int, default=None, help="CPUs per rank; sets OMP_NUM_THREADS [1]."
-)
-@click.option("--repeats", type=int, default=None, help="Runs of every configuration [1].")
+@click.option("--ranks-per-node", default=None, help="MPI ranks per node [1].")
+@click.option("--gpus-per-node", default=None, help="GPUs per node [0, or the profile's].")
+@click.option("--cpus-per-task", default=None, help="CPUs per rank; sets OMP_NUM_THREADS [1].")
+@click.option("--repeats", default=None, help="Runs of every configuration [1].")
 @click.option("--model", default=None, help="Model of kfac-hpc train [mlp].")
 @click.option("--dataset", default=None, help="Dataset of kfac-hpc train [digits].")
-@click.option("--steps", type=int, default=None, help="Training steps per run.")
-@click.option("--epochs", type=int, default=None, help="Training epochs per run.")
+@click.option("--steps", default=None, help="Training steps per run.")
+@click.option("--epochs", default=None, help="Training epochs per run.")
 @click.option(
     "--scaling", default=None, help="strong (fixed global batch) or weak (fixed per-rank batch)."
 )
-@click.option("--lr", type=float, default=None, help="Learning rate.")
-@click.option("--target-accuracy", type=float, default=None, help="Accuracy for time-to-target.")
-@click.option("--checkpoint-every", type=int, default=None, help="Checkpoint interval in steps.")
+@click.option("--lr", default=None, help="Learning rate.")
+@click.option("--target-accuracy", default=None, help="Accuracy for time-to-target.")
+@click.option("--checkpoint-every", default=None, help="Checkpoint interval in steps.")
 @click.option(
     "--train-arg",
     "extra_args",
@@ -95,9 +91,7 @@ _LIST = "comma-separated list"
 @click.option("--inv-update-steps", default=None, help=f"Axis: K-FAC inverse interval ({_LIST}).")
 @click.option("--batch-size", default=None, help=f"Axis: batch size ({_LIST}).")
 @click.option("--seed", default=None, help=f"Axis: random seeds ({_LIST}).")
-@click.option(
-    "--max-concurrent", type=int, default=None, help="At most K tasks of an array at once (%K)."
-)
+@click.option("--max-concurrent", default=None, help="At most K tasks of an array at once (%K).")
 @click.option(
     "--serial", is_flag=True, default=None, help="One point at a time: arrays chained, %1."
 )
@@ -107,9 +101,7 @@ _LIST = "comma-separated list"
     help="Site profile: shipped name (local, mpiexec, mpirun) or PATH.toml.",
 )
 @click.option("--time", default=None, help="Slurm time limit per point [the profile's].")
-@click.option(
-    "--signal-seconds", type=int, default=None, help="USR2 this many seconds before the limit."
-)
+@click.option("--signal-seconds", default=None, help="USR2 this many seconds before the limit.")
 @click.option(
     "--sbatch-arg", "sbatch_args", multiple=True, help="Extra sbatch option (repeatable)."
 )

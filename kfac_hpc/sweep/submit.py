@@ -173,6 +173,7 @@ def dry_run_lines(prepared: PreparedSweep) -> list[str]:
         var = script.name.replace("-", "_")
         after = f"${previous}" if previous and prepared.spec.serial else None
         argv = sbatch_argv(prepared, script.relpath, range(len(script.points)), after)
+        # The dependency names the previous line's shell variable: it must stay unquoted.
         text = shlex.join(argv).replace(
             shlex.quote(f"--dependency=afterany:{after}"), f"--dependency=afterany:{after}"
         )

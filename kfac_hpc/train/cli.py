@@ -12,7 +12,14 @@ from typing import Any
 
 import click
 
-from kfac_hpc.train.config import ConfigError, TrainConfig, field_help, load_config
+from kfac_hpc.train.config import (
+    ConfigError,
+    TrainConfig,
+    check_run_dir,
+    field_help,
+    load_config,
+)
+from kfac_hpc.train.rundir import RunDir
 
 __all__ = ["train"]
 
@@ -109,6 +116,7 @@ def train(run_dir: str, config_file: str | None, **flags: Any) -> None:
     """
     try:
         config = load_config(config_file, flags)
+        check_run_dir(config, RunDir(run_dir).saved_config_hash(), run_dir)
     except ConfigError as exc:
         _bad_input(exc)
     # torch is imported only past validation, so bad flags fail fast

@@ -37,6 +37,7 @@ __all__ = [
     "BatchSizes",
     "ConfigError",
     "TrainConfig",
+    "check_run_dir",
     "field_help",
     "load_config",
     "parse_duration_s",
@@ -112,7 +113,7 @@ class TrainConfig:
     momentum: float = _f(0.9, "SGD momentum (beta1 is 0.9 for adam/adamw)")
     weight_decay: float = _f(1e-4, "L2 (sgd, adam) or decoupled (adamw) weight decay")
     lr_schedule: str = _f("cosine", f"after warm-up: {', '.join(LR_SCHEDULES)}")
-    warmup_epochs: float = _f(0.0, "linear warm-up from 0 to --lr over this many epochs")
+    warmup_epochs: float = _f(0.0, "linear warm-up to --lr over this many epochs")
     lr_decay_epochs: tuple[int, ...] = _f((), "epochs at which 'step' multiplies lr by the factor")
     lr_decay_factor: float = _f(0.1, "factor of the 'step' schedule")
     kfac: bool = _f(True, "precondition gradients with K-FAC")
@@ -154,7 +155,9 @@ class TrainConfig:
     collective_timeout_s: float = _f(300.0, "a collective waiting longer fails the run")
     cuda_sync: bool = _f(False, "synchronize CUDA at phase boundaries (exact GPU phase times)")
     progress: bool = _f(True, "a progress line per epoch on rank 0 (a bar on a terminal)")
-    resume_from: str | None = _f(None, "start from the whole state of this checkpoint file")
+    resume_from: str | None = _f(
+        None, "start from the whole state of this checkpoint (.h5 file, run dir or checkpoints/)"
+    )
     init_factors: str | None = _f(None, "start from the K-FAC factors of this checkpoint file")
 
     def validate(self) -> None:
@@ -203,10 +206,14 @@ class TrainConfig:
                 raise ConfigError("data_path", f"dataset {self.dataset!r} needs --data-path DIR")
             if not Path(self.data_path).is_dir():
                 raise ConfigError("data_path", f"{self.data_path!r} is not a directory")
-        for name in ("resume_from", "init_factors"):
-            path = getattr(self, name)
-            if path is not None and not Path(path).is_file():
-                raise ConfigError(name, f"{path!r} is not a file; give a checkpoint .h5 file")
+        if self.resume_from is not None and not Path(self.resume_from).exists():
+            raise ConfigError(
+                "resume_from", f"{self.resume_from!r} does not exist; give a checkpoint or run dir"
+            )
+        if self.init_factors is not None and not Path(self.init_factors).is_file():
+            raise ConfigError(
+                "init_factors", f"{self.init_factors!r} is not a file; give a checkpoint .h5 file"
+            )
         if any(e <= 0 for e in self.lr_decay_epochs):
             raise ConfigError("lr_decay_epochs", "epochs must be positive integers")
 
@@ -261,6 +268,16 @@ class BatchSizes:
 
     global_batch_size: int
     per_rank_batch_size: int
+
+
+def check_run_dir(config: TrainConfig, saved_hash: str | None, root: str) -> None:
+    """ConfigError when the run directory holds another experiment (another config hash)."""
+    if saved_hash is not None and saved_hash != config.config_hash():
+        raise ConfigError(
+            "run_dir",
+            f"{root!r} holds another experiment (config hash {saved_hash}, this one "
+            f"{config.config_hash()}); use a new --run-dir",
+        )
 
 
 def field_help() -> dict[str, str]:

@@ -9,7 +9,6 @@ run ends with exactly one marker: ``done``, ``error`` (with the message), or ``p
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -36,7 +35,7 @@ from kfac_hpc.checkpoint import (
 )
 from kfac_hpc.optim import KFACPreconditioner
 from kfac_hpc.runtime import DistributedContext, init_distributed, shutdown
-from kfac_hpc.train.config import ConfigError, TrainConfig
+from kfac_hpc.train.config import ConfigError, TrainConfig, check_run_dir
 from kfac_hpc.train.data import DataSource, ShardedBatches, load_data
 from kfac_hpc.train.faults import fault_plan
 from kfac_hpc.train.grad_sync import GradientAllreduce
@@ -251,41 +250,47 @@ class Job:
         self.last_ckpt_time = time.perf_counter()
 
     # ----------------------------------------------------------------- the loop
-    def loop(self, pos: Position, recorder: WindowRecorder, progress: Progress) -> str:
+    def loop(
+        self,
+        pos: Position,
+        recorder: WindowRecorder,
+        progress: Progress,
+        preemption: PreemptionHandler,
+    ) -> str:
         """Train until done; returns how the attempt ended: done, time_limit, target, preempted."""
         config = self.config
-        with PreemptionHandler() as preemption:
-            while pos.step < self.total_steps:
-                if self.fault is not None:
-                    self.fault.check(self.rank, pos.step)
-                self.timer.begin_step()
-                loss, flags = self.train_step(pos.step, self._local_flags())
-                pos.step += 1
-                recorder.add_loss(loss)
-                preempted = preemption.should_stop()
-                every = config.checkpoint_every_steps
-                if preempted or flags[1] > 0 or (every and pos.step % every == 0):
-                    self.save(pos.step)
-                    self.timer.lap("checkpoint")
-                self.timer.end_step()
-                end_of_epoch = pos.step % self.steps_per_epoch == 0
-                if pos.step % config.log_every == 0:
-                    self._close_window(recorder, pos.step, progress)
-                if end_of_epoch:
-                    self._end_epoch(pos.step, recorder, progress)
-                if preempted:
-                    return "preempted"
-                if flags[0] > 0:
-                    return "time_limit"
-                if self.reached_target and config.stop_at_target:
-                    return "target"
+        while pos.step < self.total_steps:
+            if self.fault is not None:
+                self.fault.check(self.rank, pos.step)
+            self.timer.begin_step()
+            loss, flags = self.train_step(pos.step, self._local_flags())
+            pos.step += 1
+            recorder.add_loss(loss)
+            preempted = preemption.should_stop()
+            self.timer.skip()  # the agreement is neither optimizer nor checkpoint time
+            every = config.checkpoint_every_steps
+            if preempted or flags[1] > 0 or (every and pos.step % every == 0):
+                self.save(pos.step)
+                self.timer.lap("checkpoint")
+            self.timer.end_step()
+            end_of_epoch = pos.step % self.steps_per_epoch == 0
+            if pos.step % config.log_every == 0:
+                self._close_window(recorder, pos.step, progress)
+            if end_of_epoch:
+                self._end_epoch(pos.step, progress)
+            if preempted:
+                return "preempted"
+            if flags[0] > 0:
+                return "time_limit"
+            if self.reached_target and config.stop_at_target:
+                return "target"
         return "done"
 
     def _close_window(self, recorder: WindowRecorder, step: int, progress: Progress) -> None:
         record = recorder.close(self.timer, step, step // self.steps_per_epoch, self.wall_s())
         progress.window(step, record)
 
-    def _end_epoch(self, step: int, recorder: WindowRecorder, progress: Progress) -> None:
+    def _end_epoch(self, step: int, progress: Progress) -> None:
         accuracy = self.evaluate(step)
         target = self.config.target_accuracy
         if target is not None and accuracy >= target:
@@ -297,7 +302,7 @@ class Job:
         checkpoint when checkpointing is on (so a longer run can continue from it)."""
         self._close_window(recorder, pos.step, progress)
         if end != "preempted" and pos.step % self.steps_per_epoch != 0:
-            self._end_epoch(pos.step, recorder, progress)
+            self._end_epoch(pos.step, progress)
         checkpointing = self.config.checkpoint_every_steps or self.config.checkpoint_every_min
         if end != "preempted" and checkpointing and pos.step > pos.start_step:
             self.save(pos.step)
@@ -378,14 +383,7 @@ class Progress:
 def _prepare_run_dir(config: TrainConfig, run_dir: RunDir, ctx: DistributedContext) -> bool:
     """Check the run directory on every rank; rank 0 creates it and writes config.json.
     Returns False when the run is already done. Raises ConfigError for a different experiment."""
-    if run_dir.config.exists():
-        saved = json.loads(run_dir.config.read_text()).get("config_hash")
-        if saved != config.config_hash():
-            raise ConfigError(
-                "run_dir",
-                f"{str(run_dir.root)!r} holds another experiment (config hash {saved}, this one "
-                f"{config.config_hash()}); use a new --run-dir",
-            )
+    check_run_dir(config, run_dir.saved_config_hash(), str(run_dir.root))
     if run_dir.marker("done").exists():
         return False
     if ctx.rank == 0:
@@ -408,6 +406,13 @@ def _prepare_run_dir(config: TrainConfig, run_dir: RunDir, ctx: DistributedConte
 def _check_inputs(config: TrainConfig, ctx: DistributedContext) -> DataSource:
     """Input problems only the launched job can see, as ConfigError (exit 2, nothing written)."""
     sizes = config.batch_sizes(ctx.world_size)
+    workers = config.grad_worker_share(ctx.world_size) * ctx.world_size
+    if abs(workers - round(workers)) > 1e-9 or ctx.world_size % max(1, round(workers)):
+        raise ConfigError(
+            "grad_worker_fraction",
+            f"{config.grad_worker_fraction} of {ctx.world_size} ranks is not a whole number of "
+            "ranks dividing the world size; use comm-opt, mem-opt, hybrid-opt or such a fraction",
+        )
     try:
         data = load_data(config)
     except (OSError, ValueError, ImportError) as exc:
@@ -451,6 +456,12 @@ def run_training(config: TrainConfig, root: str | Path) -> int:
 
 
 def _run_attempt(job: Job) -> int:
+    # Catch preemption signals from the start: a signal during set-up stops at the first step.
+    with PreemptionHandler() as preemption:
+        return _attempt(job, preemption)
+
+
+def _attempt(job: Job, preemption: PreemptionHandler) -> int:
     run_dir, attempts = job.run_dir, job.attempts
     pos = job.resume()
     if job.rank == 0:
@@ -472,7 +483,7 @@ def _run_attempt(job: Job) -> int:
         job.attempt,
     )
     progress = Progress(job, job.config.progress)
-    end = job.loop(pos, recorder, progress)
+    end = job.loop(pos, recorder, progress, preemption)
     job.finish(pos, recorder, end, progress)
     if job.rank == 0:
         attempt_wall = time.perf_counter() - job.started
@@ -491,7 +502,6 @@ def _fail(run_dir: RunDir, ctx: DistributedContext, job: Job | None, exc: BaseEx
     """Leave the error marker (first failing rank's message wins) and a run.json, then end this
     rank without touching the process group (a peer may be dead; collectives would hang)."""
     message = f"rank {ctx.rank}: {type(exc).__name__}: {exc}"
-    traceback.print_exc()
     try:
         run_dir.root.mkdir(parents=True, exist_ok=True)
         if run_dir.write_marker("error", message) and job is not None:
@@ -501,6 +511,7 @@ def _fail(run_dir: RunDir, ctx: DistributedContext, job: Job | None, exc: BaseEx
             job.attempts.end(job.attempt, facts["steps"], attempt_s, "error")
             write_json_atomic(run_dir.run, build_summary(run_dir, "error", facts, message))
     finally:
+        traceback.print_exception(exc)
         sys.stdout.flush()
         sys.stderr.flush()
         if ctx.world_size > 1:

@@ -60,6 +60,13 @@ class RunDir:
         self.run = self.root / "run.json"
         self.checkpoints = self.root / "checkpoints"
 
+    def saved_config_hash(self) -> str | None:
+        """The config hash in ``config.json``, or None when there is none yet."""
+        if not self.config.exists():
+            return None
+        saved = json.loads(self.config.read_text()).get("config_hash")
+        return None if saved is None else str(saved)
+
     def marker(self, name: str) -> Path:
         return self.root / name
 

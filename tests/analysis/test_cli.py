@@ -135,3 +135,46 @@ def test_baseline_comparison_flags_regressions(tmp_path):
     efficiency = [r for r in rows if r["metric"] == "parallel_efficiency"]
     assert not any(r["regression"] for r in efficiency)  # uniformly slower scales the same
     assert_plot(new / "report" / "img" / "speedup.png")
+
+
+def test_unwritable_output_exits_2_with_one_line(tmp_path):
+    write_sweep(tmp_path / "sweep", _runs())
+    (tmp_path / "file").write_text("")
+    result = _cli("collect", str(tmp_path / "sweep"), "--out", str(tmp_path / "file" / "out"))
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: cannot write to") and "--out" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_parquet_tables_match_the_csv_rows(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    runs = _runs(failed=True)
+    write_sweep(tmp_path, runs)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest["points"][0]["params"]["lr"] = "0.1"  # a column mixing kinds still writes
+    manifest["points"][1]["params"]["lr"] = 0.2
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert _cli("collect", str(tmp_path)).returncode == 1
+    for stem in ("runs", "phases", "segments", "scaling"):
+        table = pq.read_table(tmp_path / "analysis" / f"{stem}.parquet")
+        with open(tmp_path / "analysis" / f"{stem}.csv", newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        assert table.num_rows == len(rows) and table.column_names == list(rows[0])
+    runs_table = pq.read_table(tmp_path / "analysis" / "runs.parquet").to_pylist()
+    assert [r["run_id"] for r in runs_table] == [r.name for r in runs]
+    schema = pq.read_schema(tmp_path / "analysis" / "runs.parquet")
+    assert str(schema.field("nodes").type) == "int64"
+
+
+def test_analysis_imports_no_torch_train_optim_or_sweep():
+    code = (
+        "import sys\n"
+        "import kfac_hpc.analysis.cli, kfac_hpc.analysis.report, kfac_hpc.analysis.synthetic\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith(\n"
+        "    ('kfac_hpc.train', 'kfac_hpc.optim', 'kfac_hpc.sweep', 'kfac_hpc.comm'))]\n"
+        "print(bad)\n"
+    )
+    cmd = [sys.executable, "-c", code]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

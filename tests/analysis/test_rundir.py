@@ -10,7 +10,7 @@ import pytest
 from kfac_hpc.analysis import schema
 from kfac_hpc.analysis.collect import CollectError, Collection, collect, find_run_dirs
 from kfac_hpc.analysis.output import build_tables
-from kfac_hpc.analysis.rundir import read_run_dir
+from kfac_hpc.analysis.rundir import _without_rank_arrays, read_run_dir
 from kfac_hpc.analysis.synthetic import SyntheticRun, write_run_dir, write_sweep
 
 PHASES = {"forward": 0.01, "backward": 0.02, "grad_allreduce": 0.01}
@@ -180,3 +180,60 @@ def test_bad_inputs_raise_collect_error_naming_the_fix(tmp_path):
     (tmp_path / "manifest.json").write_text('{"points": 3}')
     with pytest.raises(CollectError, match="'points' must be a list"):
         collect(tmp_path)
+
+
+def test_rank_array_skipping_keeps_every_other_field():
+    record = {
+        "schema": 1,
+        "kind": "train",
+        "rank_step_s": None,  # not the plain shape: must be left for the parser
+        "step_s": 0.1,
+        "tags": [1, 2],
+        "rank_phases_s": {"forward": [0.1, 0.2], "backward": [0.3, 0.4]},
+        "step": 5,
+    }
+    for separators in ((",", ":"), (", ", ": ")):
+        line = json.dumps(record, separators=separators)
+        parsed = json.loads(_without_rank_arrays(line))
+        assert parsed == {k: v for k, v in record.items() if k != "rank_phases_s"}
+    plain = {**record, "rank_step_s": [0.1, 0.2]}
+    parsed = json.loads(_without_rank_arrays(json.dumps(plain)))
+    assert parsed == {k: v for k, v in plain.items() if not k.startswith("rank_")}
+
+
+def test_per_rank_figures_agree_from_run_json_and_from_records(tmp_path):
+    # run.json's per-rank summaries (fast path) and the records' arrays give the same figures.
+    path = write_run_dir(tmp_path / "r", _run(nodes=4, rank_skew=0.1))
+    fast = build_tables_for(read_run_dir(path))
+    summary = json.loads((path / "run.json").read_text())
+    del summary["rank_phases_s"], summary["samples_per_s_per_rank"]
+    (path / "run.json").write_text(json.dumps(summary))
+    slow_run = read_run_dir(path)
+    assert slow_run.windows[0].rank_step_s  # the arrays were read this time
+    slow = build_tables_for(slow_run)
+    assert fast.runs[0]["straggler_spread_fraction"] == pytest.approx(0.3, rel=1e-9)
+    assert slow.runs[0]["straggler_spread_fraction"] == pytest.approx(0.3, rel=1e-9)
+    for a, b in zip(fast.phases, slow.phases, strict=True):
+        assert a["rank_spread_s"] == pytest.approx(b["rank_spread_s"], rel=1e-9)
+
+
+def test_resumed_attempt_without_marker_extends_the_summary_segments(tmp_path):
+    # Preempted at step 60 (run.json written then), requeued, killed at step 80 without a marker.
+    done = write_run_dir(tmp_path / "full", _run(attempt_ends=(60,)))
+    path = write_run_dir(tmp_path / "r", _run(attempt_ends=(60,), state="running"))
+    summary = json.loads((done / "run.json").read_text())
+    summary["state"] = "preempted"
+    summary["attempts"] = summary["attempts"][:1]
+    (path / "run.json").write_text(json.dumps(summary))
+    records = (done / "metrics.jsonl").read_text().splitlines()
+    kept = [line for line in records if json.loads(line)["step"] <= 80]
+    (path / "metrics.jsonl").write_text("\n".join(kept) + "\n")
+    run = read_run_dir(path)
+    assert run.state == schema.INCOMPLETE
+    assert run.reason.startswith("attempt 1 started after the preemption")
+    assert [(s.attempt, s.start_step, s.end_step, s.end) for s in run.segments] == [
+        (0, 0, 60, "preempted"),
+        (1, 60, 80, "incomplete"),
+    ]
+    assert run.segments[1].wall_s == pytest.approx(20 * 0.05)
+    assert run.windows[-1].rank_step_s  # unfinished: the records' per-rank arrays are read

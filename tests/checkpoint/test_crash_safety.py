@@ -76,11 +76,13 @@ def test_sigkill_at_random_moments_never_breaks_latest(tmp_path):
         assert step >= last_step, "latest went backwards"
         last_step = step
         killed_mid_write += any(".tmp-" in p.name for p in tmp_path.iterdir())
-        manager = CheckpointManager(tmp_path, keep=2)  # also removes the dead writer's temp file
+        manager = CheckpointManager(tmp_path, keep=2)  # cleans up after the dead writer
         found = manager.load_latest()
         assert (found.step if found else 0) == step
         assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
-        assert len(list_checkpoints(tmp_path)) <= 3  # keep=2 plus one published before pruning
+        assert (
+            len(list_checkpoints(tmp_path)) <= 3
+        )  # the newest 2 (keep) and the one `latest` names
     assert last_step > 0, "no write ever finished: the trial delays are too short"
     assert killed_mid_write > 0, "no kill landed inside a write: the test proves nothing"
     print(f"{TRIALS} kills, {killed_mid_write} inside a write, last step {last_step}")

@@ -162,6 +162,30 @@ def check_world_broadcast() -> None:
         assert torch.equal(t, torch.full((5, 3), float(src))), (src, t)
 
 
+def check_bucketed_broadcast() -> None:
+    """Every rank sends tensors of many shapes and two dtypes; buckets of any cap deliver the
+    same data as one broadcast per tensor, also into non-contiguous receivers."""
+    me, size = dist.get_rank(), dist.get_world_size()
+    for cap in CAPS_MB:
+        bc = AsyncBroadcaster(bucket_cap_mb=cap)
+        received: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for src in range(size):
+            for i, shape in enumerate(SHAPES):
+                dtype = torch.float64 if i % 2 else torch.float32
+                want = torch.full(shape, 100.0 * src + i, dtype=dtype)
+                if len(shape) == 2 and shape[0] == shape[1]:  # receive into a transposed view
+                    tensor = want.clone().T if me == src else torch.zeros(shape, dtype=dtype).T
+                else:
+                    tensor = want.clone() if me == src else torch.zeros(shape, dtype=dtype)
+                bc.broadcast(tensor, src)
+                received.append((tensor, want))
+        bc.wait()
+        for tensor, want in received:
+            assert torch.equal(tensor, want), (
+                f"cap {cap}: {tensor.flatten()[:3]} != {want.flatten()[:3]}"
+            )
+
+
 def layer_sizes() -> dict[str, tuple[int, int]]:
     return {f"layer{i}": (3 + 5 * i, 2 + 3 * (i % 4)) for i in range(9)}
 
@@ -221,6 +245,7 @@ def main() -> None:
         "any_rank": check_any_rank,
         "subgroup_reduction_and_broadcast": check_subgroup_reduction_and_broadcast,
         "world_broadcast": check_world_broadcast,
+        "bucketed_broadcast": check_bucketed_broadcast,
     }
     for fraction in valid_grad_worker_fractions(ctx.world_size):
         for colocate in (True, False):

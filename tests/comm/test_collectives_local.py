@@ -32,6 +32,8 @@ def test_single_process_reduction_keeps_tensors_and_reports_names() -> None:
 def test_invalid_bucket_cap_names_the_option() -> None:
     with pytest.raises(ValueError, match="allreduce_bucket_cap_mb=-1"):
         FactorAllreducer(bucket_cap_mb=-1)
+    with pytest.raises(ValueError, match=r"bucket_cap_mb=-0\.5"):
+        AsyncBroadcaster(bucket_cap_mb=-0.5)
 
 
 def test_same_name_twice_is_refused() -> None:

@@ -76,6 +76,12 @@ def test_async_broadcasts_from_every_rank(world_size: int) -> None:
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_bucketed_broadcast_delivers_every_tensor(world_size: int) -> None:
+    """Bucket caps 0 ... 25 MiB, two dtypes, several senders, non-contiguous receivers."""
+    assert_check(world_size, "bucketed_broadcast")
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_reduction_flag_and_broadcast_within_a_subgroup(world_size: int) -> None:
     """Groups of even and odd ranks (of one rank each at world size 2: no-ops)."""
     assert_check(world_size, "subgroup_reduction_and_broadcast")

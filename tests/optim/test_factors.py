@@ -114,3 +114,14 @@ def test_factors_match_curvlinops_kfac(name: str) -> None:
         torch.testing.assert_close(
             ours_g, oracle._gradient_covariances[module_name], rtol=1e-10, atol=1e-12
         )
+
+
+@pytest.mark.parametrize("name", ["stride_pad", "groups", "same_even"])
+def test_conv_factors_chunked_over_the_batch(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPUs the batch is processed in cache-sized chunks: one sample per chunk here."""
+    import kfac_hpc.optim.layers as layers
+
+    monkeypatch.setattr(layers, "_CPU_CHUNK_BYTES", 1)
+    torch.manual_seed(0)
+    conv = nn.Conv2d(**CONVS[name]).double()
+    _check_layer(conv, torch.randn(4, conv.in_channels, 7, 6, dtype=torch.float64))

@@ -68,3 +68,24 @@ def test_scheduled_value_out_of_range_names_option() -> None:
 def test_repr_names_layers_and_options() -> None:
     text = repr(KFACPreconditioner(nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1)), damping=0.01))
     assert "damping=0.01" in text and "0 (Linear, A 3, G 3)" in text and "comm-opt" in text
+
+
+def test_skip_layers_by_name_prefix_or_class() -> None:
+    model = nn.Sequential(
+        nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 3)), nn.Conv2d(1, 1, 1), nn.Linear(3, 1)
+    )
+    assert list(KFACPreconditioner(model, skip_layers=["0"]).layers) == ["1", "2"]
+    assert list(KFACPreconditioner(model, skip_layers=["conv2d", "0.1"]).layers) == ["0.0", "2"]
+
+
+def test_module_called_twice_needs_step_time_factors() -> None:
+    layer = nn.Linear(2, 2)
+    model = nn.Sequential(layer, nn.ReLU(), layer)
+    pre = KFACPreconditioner(model)
+    with pytest.raises(RuntimeError, match="layer 0 ran more than accumulation_steps"):
+        model(torch.randn(3, 2)).sum().backward()
+    pre.remove_hooks()
+    pre = KFACPreconditioner(model, update_factors_in_hook=False)
+    model(torch.randn(3, 2)).sum().backward()
+    pre.step()
+    assert pre.factors["0"].A is not None

@@ -17,6 +17,7 @@ from kfac_hpc.workflows.sweep_flow import wait_for_sweep
 
 from kfac_hpc.sweep.manifest import read_manifest
 from kfac_hpc.sweep.spec import expand_points, load_spec
+from tests.analysis.checks import assert_report_complete, run_report
 from tests.conftest import clean_env
 from tests.sweep.helpers import cli
 
@@ -118,6 +119,12 @@ def test_every_point_completes_with_a_complete_run_dir(sweep_run):
     assert (
         sweep_dir / "failed" / f"{sweep_run['blocked']}.1"
     ).is_file()  # the obstacle, moved aside
+
+
+def test_the_sweep_is_collected_and_reported(sweep_run):
+    reported = run_report(sweep_run["dir"])
+    assert reported.returncode == 0, reported.stderr
+    assert_report_complete(sweep_run["dir"])
 
 
 def test_status_reports_every_point(sweep_run):
@@ -234,6 +241,10 @@ def test_preempted_point_is_requeued_and_matches_an_uninterrupted_twin(slurm_clu
     assert a.keys() == b.keys() and a
     for key in a:
         np.testing.assert_allclose(a[key], b[key], rtol=0, atol=1e-6, err_msg=key)
+    # the collector sees the preempted point as one run with two segments
+    reported = run_report(sweep_dir)
+    assert reported.returncode == 0, reported.stderr
+    assert_report_complete(sweep_dir, requeued={victim.point_id})
 
 
 # --- cluster facts and cancel ------------------------------------------------------------------
@@ -279,25 +290,18 @@ def test_cancel_stops_every_array_and_marks_the_points(slurm_cluster, tmp_path):
     assert {json.loads(line)["state"] for line in status.stdout.splitlines()} == {"cancelled"}
 
 
-def test_wait_runs_the_parsl_workflow_from_submission_to_report(slurm_cluster, tmp_path):
+def test_wait_runs_the_workflow_to_the_report_with_the_mpiexec_profile(slurm_cluster, tmp_path):
+    """`--wait`: the Parsl DAG submits, waits and reports; the point runs 2 ranks on 2 nodes
+    under Hydra's mpiexec inside the allocation (the srun profile runs in the tests above)."""
     sweep_dir = tmp_path / "wait"
-    out = cli(
-        "sweep",
-        "--nodes",
-        "1",
-        "--steps",
-        "10",
-        "--name",
-        "t-wait",
-        "--train-arg=--no-progress",
-        "--sweep-dir",
-        str(sweep_dir),
-        "--wait",
-        env=slurm_cluster,
-        timeout=400,
-    )
+    args = ["--nodes", "2", "--steps", "10", "--name", "t-wait", "--profile", "mpiexec"]
+    args += ["--train-arg=--no-progress", "--sweep-dir", str(sweep_dir), "--wait"]
+    out = cli("sweep", *args, env=slurm_cluster, timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     [point] = read_manifest(sweep_dir).points
     assert point.state == "done" and point.array_job_id is not None
+    run = json.loads((sweep_dir / point.run_dir / "run.json").read_text())
+    assert run["world_size"] == 2 and run["nodes"] == 2
+    assert "mpiexec -n" in (sweep_dir / "scripts" / "n2-0.sbatch").read_text()
     # The last stage printed the collector's report (or, without it, the run list).
     assert "mlp digits" in out.stdout or point.point_id in out.stdout

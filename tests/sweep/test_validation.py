@@ -55,6 +55,9 @@ BAD_FLAGS = [
     (["--nodes", "1", "--train-arg", "--lr\n0.1"], "extra_args"),
     (["--nodes", "1", "--steps", "5", "--epochs", "2"], "steps"),
     (["--optimizer", "sgd"], "nodes"),
+    (["--nodes", "1", "--ranks-per-node", "two"], "ranks_per_node"),
+    (["--nodes", "1", "--max-concurrent", "0"], "max_concurrent"),
+    (["--nodes", "1", "--lr", "fast"], "lr"),
 ]
 
 

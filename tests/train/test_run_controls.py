@@ -1,0 +1,45 @@
+"""Stop conditions and warm starts of one plain run: time limit, target, --resume-from."""
+
+from __future__ import annotations
+
+from kfac_hpc.train.rundir import validate_run_dir
+
+from .conftest import explain, read_json, run_plain
+
+
+def test_time_limit_ends_the_run_done_early(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_plain(run_dir, "--epochs", "200", "--time-limit", "1s")
+    assert proc.returncode == 0, explain(proc)
+    summary = read_json(run_dir / "run.json")
+    assert summary["state"] == "done" and summary["end"] == "time_limit"
+    assert 0 < summary["steps"] < 200 * 22
+    assert summary["final_accuracy"] is not None  # evaluated at the stop
+    assert validate_run_dir(run_dir) == []
+
+
+def test_stop_at_target_stops_at_the_first_evaluation_reaching_it(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_plain(run_dir, "--epochs", "10", "--target-accuracy", "0.5", "--stop-at-target")
+    assert proc.returncode == 0, explain(proc)
+    summary = read_json(run_dir / "run.json")
+    assert summary["end"] == "target" and summary["steps"] == summary["step_to_target"]
+    assert summary["best_accuracy"] >= 0.5
+
+
+def test_warm_starts_from_another_runs_checkpoint(tmp_path):
+    first = tmp_path / "first"
+    proc = run_plain(first, "--epochs", "1", "--checkpoint-every", "11")
+    assert proc.returncode == 0, explain(proc)
+    second = tmp_path / "second"
+    checkpoint = first / "checkpoints" / "ckpt-00000022.h5"
+    proc = run_plain(second, "--epochs", "2", "--resume-from", str(checkpoint))
+    assert proc.returncode == 0, explain(proc)
+    attempts = read_json(second / "run.json")["attempts"]
+    assert attempts[0]["start_step"] == 22 and attempts[0]["end_step"] == 44
+    # --init-factors takes only the K-FAC factors: the run itself starts at step 0
+    third = tmp_path / "third"
+    proc = run_plain(third, "--steps", "4", "--init-factors", str(checkpoint))
+    assert proc.returncode == 0, explain(proc)
+    assert read_json(third / "run.json")["attempts"][0]["start_step"] == 0
+    assert read_json(third / "config.json")["init_factors"] == str(checkpoint)
