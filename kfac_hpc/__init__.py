@@ -1,4 +1,5 @@
-"""kfac-hpc: distributed K-FAC for PyTorch and the tooling to run scaling studies on HPC clusters."""
+"""kfac-hpc: distributed K-FAC for PyTorch and the tooling to run scaling studies on HPC
+clusters."""
 
 from __future__ import annotations
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,6 +62,35 @@ def run_mpi(
     )
 
 
+def parse_rank_records(stdout: str, marker: str = '{"rank"') -> list[dict[str, Any]]:
+    """The JSON objects that ranks printed, wherever the launcher put them in the merged
+    output (ranks write each object with one ``os.write``, but lines of different ranks may
+    still be glued together)."""
+    decoder = json.JSONDecoder()
+    records: list[dict[str, Any]] = []
+    start = stdout.find(marker)
+    while start != -1:
+        record, end = decoder.raw_decode(stdout, start)
+        records.append(record)
+        start = stdout.find(marker, end)
+    return records
+
+
+def _must_not_skip() -> bool:
+    """Under `make test` and in CI every system piece is installed: absence is a failure."""
+    return os.environ.get("KFAC_HPC_REQUIRE_SLURM") == "1" or bool(os.environ.get("CI"))
+
+
+@pytest.fixture(scope="session")
+def hdf5_tools() -> None:
+    """Debian's hdf5-tools (h5ls, h5dump); a failure instead of a skip under `make test`/CI."""
+    missing = [tool for tool in ("h5ls", "h5dump") if shutil.which(tool) is None]
+    if missing:
+        if _must_not_skip():
+            pytest.fail(f"{', '.join(missing)} missing: install hdf5-tools (make sysdeps)")
+        pytest.skip(f"{', '.join(missing)} not installed")
+
+
 def _slurm_reachable() -> str | None:
     """None when the local cluster answers, else why not."""
     if shutil.which("sinfo") is None:
@@ -78,7 +109,7 @@ def slurm_cluster() -> dict[str, str]:
     CI a missing cluster fails the test instead of skipping it."""
     problem = _slurm_reachable()
     if problem is not None:
-        if os.environ.get("KFAC_HPC_REQUIRE_SLURM") == "1" or os.environ.get("CI"):
+        if _must_not_skip():
             pytest.fail(f"the local Slurm cluster is required here: {problem}")
         pytest.skip(problem)
     return {"SLURM_CONF": os.environ["SLURM_CONF"]}

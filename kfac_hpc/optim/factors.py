@@ -54,12 +54,9 @@ class LayerFactors:
     def commit(self, decay: float) -> None:
         """Fold the averaged pending statistics into the running averages."""
         a_new, g_new = self.batch_factors()
-        self.A = (
-            a_new.clone() if self.A is None else self.A.mul_(decay).add_(a_new, alpha=1 - decay)
-        )
-        self.G = (
-            g_new.clone() if self.G is None else self.G.mul_(decay).add_(g_new, alpha=1 - decay)
-        )
+        # lerp_: α F + (1 − α) F_batch in one pass over F.
+        self.A = a_new.clone() if self.A is None else self.A.lerp_(a_new, 1 - decay)
+        self.G = g_new.clone() if self.G is None else self.G.lerp_(g_new, 1 - decay)
         self.clear_pending()
 
     def nbytes(self) -> int:

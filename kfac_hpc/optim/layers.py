@@ -60,9 +60,9 @@ class KFACLayer:
         lead = (self.groups,) if self.groups > 1 else ()
         return (*lead, self.n_a, self.n_a), (*lead, self.n_g, self.n_g)
 
-    def a_moments(self, x: Tensor) -> tuple[Tensor, Tensor, int]:
-        """Σ a aᵀ (groups, n_in, n_in), Σ a (groups, n_in) and the row count M, without the
-        bias column, from the module input ``x``."""
+    def a_moments(self, x: Tensor) -> tuple[Tensor, Tensor | None, int]:
+        """Σ a aᵀ (groups, n_in, n_in), Σ a (groups, n_in) (None for a layer without bias) and
+        the row count M, without the bias column, from the module input ``x``."""
         raise NotImplementedError
 
     def g_moments(self, g: Tensor) -> Tensor:
@@ -72,12 +72,15 @@ class KFACLayer:
     def a_factor(self, x: Tensor, dtype: torch.dtype) -> Tensor:
         """A of one batch from the module input ``x``, shape ``factor_shapes[0]``."""
         cov, col, m = self.a_moments(x.detach().to(dtype))
-        if self.bias is not None:
+        if col is not None:
             # Bias folded in as a column of ones, without copying the rows to append it.
-            col = col.unsqueeze(-1)
-            corner = torch.full((self.groups, 1, 1), float(m), dtype=dtype, device=cov.device)
-            cov = torch.cat([torch.cat([cov, col], -1), torch.cat([col.mT, corner], -1)], -2)
-        cov = cov / m
+            full = cov.new_empty(self.groups, self.n_a, self.n_a)
+            full[:, :-1, :-1] = cov
+            full[:, :-1, -1] = col
+            full[:, -1, :-1] = col
+            full[:, -1, -1] = float(m)
+            cov = full
+        cov.div_(m)
         return cov if self.groups > 1 else cov[0]
 
     def g_factor(self, g: Tensor, grad_multiplier: float, dtype: torch.dtype) -> Tensor:
@@ -126,13 +129,13 @@ class LinearLayer(KFACLayer):
         n_a = module.in_features + (1 if module.bias is not None else 0)
         super().__init__(name, module, 1, n_a, module.out_features)
 
-    def a_moments(self, x: Tensor) -> tuple[Tensor, Tensor, int]:
+    def a_moments(self, x: Tensor) -> tuple[Tensor, Tensor | None, int]:
         rows = x.reshape(-1, x.shape[-1])
-        return (rows.mT @ rows).unsqueeze(0), rows.sum(0).unsqueeze(0), rows.shape[0]
+        col = rows.sum(0).unsqueeze(0) if self.bias is not None else None
+        return _gram(rows.mT.unsqueeze(0)), col, rows.shape[0]
 
     def g_moments(self, g: Tensor) -> Tensor:
-        rows = g.reshape(-1, g.shape[-1])
-        return (rows.mT @ rows).unsqueeze(0)
+        return _gram(g.reshape(-1, g.shape[-1]).mT.unsqueeze(0))
 
 
 class Conv2dLayer(KFACLayer):
@@ -166,12 +169,17 @@ class Conv2dLayer(KFACLayer):
         ph, pw = (int(p) for p in module.padding)
         return (pw, pw, ph, ph)
 
-    def a_moments(self, x: Tensor) -> tuple[Tensor, Tensor, int]:
+    def a_moments(self, x: Tensor) -> tuple[Tensor, Tensor | None, int]:
         if x.dim() == 3:
             x = x.unsqueeze(0)
-        mode = self.conv.padding_mode
-        x = F.pad(x, self._pad, mode="constant" if mode == "zeros" else mode)
-        return _moments(x, self._patch_matrix)
+        mode = "constant" if self.conv.padding_mode == "zeros" else self.conv.padding_mode
+        if not any(self._pad):
+            return _moments(x, self._patch_matrix, self.bias is not None)
+
+        def padded_patches(chunk: Tensor) -> Tensor:  # padded chunk by chunk: stays in cache
+            return self._patch_matrix(F.pad(chunk, self._pad, mode=mode))
+
+        return _moments(x, padded_patches, self.bias is not None)
 
     def _patch_matrix(self, x: Tensor) -> Tensor:
         """im2col of the padded input (n, C, H, W) as (groups, C/groups·kh·kw, n·P·Q), rows
@@ -196,7 +204,7 @@ class Conv2dLayer(KFACLayer):
             per_group = chunk.reshape(chunk.shape[0], self.groups, self.n_g, -1)
             return per_group.permute(1, 2, 0, 3).reshape(self.groups, self.n_g, -1)
 
-        return _moments(g, rows)[0]
+        return _moments(g, rows, False)[0]
 
 
 # On CPUs the batch is processed in chunks whose column matrix is about this large: big enough
@@ -204,18 +212,53 @@ class Conv2dLayer(KFACLayer):
 _CPU_CHUNK_BYTES = 4 << 20
 
 
-def _moments(data: Tensor, columns: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor, int]:
-    """Σ v vᵀ (groups, d, d), Σ v (groups, d) and the count over the columns v of
-    ``columns(data)`` (groups, d, K), batch chunk by batch chunk (one chunk on GPUs)."""
+def _block_edges(d: int) -> list[int]:
+    """Column block boundaries for :func:`_gram_into`: blocks of at most 64 columns (at most 6 blocks),
+    big enough for efficient GEMMs; one block below 128 columns."""
+    blocks = 1 if d < 128 else min(6, -(-d // 64))
+    return [d * i // blocks for i in range(blocks + 1)]
+
+
+def _gram_into(cov: Tensor, mat: Tensor, edges: list[int]) -> None:
+    """cov += mat matᵀ for mat (groups, d, K), upper block triangle only: block column j gets
+    rows [0, end_j) from one GEMM, so ``len(edges) - 1`` blocks cost (blocks+1)/(2·blocks) of
+    the full product. :func:`_mirror` fills the lower triangle once at the end."""
+    for start, end in itertools.pairwise(edges):
+        cov[:, :end, start:end].baddbmm_(mat[:, :end], mat[:, start:end].mT)
+
+
+def _mirror(cov: Tensor, edges: list[int]) -> None:
+    """Copy the upper off-diagonal blocks of ``cov`` to the lower ones (exactly symmetric)."""
+    for start, end in itertools.pairwise(edges[1:]):
+        cov[:, start:end, :start] = cov[:, :start, start:end].mT
+
+
+def _gram(mat: Tensor) -> Tensor:
+    """mat matᵀ (groups, d, d) for mat (groups, d, K), computing only the upper blocks."""
+    edges = _block_edges(mat.shape[1])
+    cov = torch.zeros(mat.shape[0], mat.shape[1], mat.shape[1], dtype=mat.dtype, device=mat.device)
+    _gram_into(cov, mat, edges)
+    _mirror(cov, edges)
+    return cov
+
+
+def _moments(
+    data: Tensor, columns: Callable[[Tensor], Tensor], with_sum: bool
+) -> tuple[Tensor, Tensor | None, int]:
+    """Σ v vᵀ (groups, d, d), Σ v (groups, d) if ``with_sum`` and the count over the columns v
+    of ``columns(data)`` (groups, d, K), batch chunk by batch chunk (one chunk on GPUs)."""
     first = columns(data[:1])
     groups, d, per_sample = first.shape
     chunk = len(data) if data.is_cuda else max(1, _CPU_CHUNK_BYTES // first.nbytes)
+    edges = _block_edges(d)
     cov = torch.zeros(groups, d, d, dtype=data.dtype, device=data.device)
-    col = torch.zeros(groups, d, dtype=data.dtype, device=data.device)
+    col = torch.zeros(groups, d, dtype=data.dtype, device=data.device) if with_sum else None
     rest = (columns(part) for part in data[1:].split(chunk)) if len(data) > 1 else ()
     for mat in itertools.chain([first], rest):  # lazily: one chunk alive at a time
-        cov.baddbmm_(mat, mat.mT)
-        col += mat.sum(-1)
+        _gram_into(cov, mat, edges)
+        if col is not None:
+            col += mat.sum(-1)
+    _mirror(cov, edges)
     return cov, col, len(data) * per_sample
 
 

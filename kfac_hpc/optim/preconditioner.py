@@ -485,6 +485,10 @@ class KFACPreconditioner:
         for name, entry in state["layers"].items():
             self._check_shapes(name, entry)
         same_method = state.get("compute_method") == self.options.compute_method.value  # type: ignore[union-attr]
+        self.steps = int(state["steps"])
+        self.skipped_factor_updates = int(state.get("skipped_factor_updates", 0))
+        for name, schedule_state in state.get("schedules", {}).items():
+            self.options.schedules[name].load_state_dict(schedule_state)
         self.second_order.clear()
         self._outer.clear()
         self._ready = set()
@@ -496,12 +500,13 @@ class KFACPreconditioner:
             device = layer.weight.device
             factors.A = entry["A"].to(device=device, dtype=self._factor_dtype(layer)).clone()
             factors.G = entry["G"].to(device=device, dtype=self._factor_dtype(layer)).clone()
-            if same_method and self._holds(name):
-                self._load_second_order(name, entry, device)
-        self.steps = int(state["steps"])
-        self.skipped_factor_updates = int(state.get("skipped_factor_updates", 0))
-        for name, schedule_state in state.get("schedules", {}).items():
-            self.options.schedules[name].load_state_dict(schedule_state)
+            keys = [k for f in _FACTORS for k in self._second_order_keys(f)]
+            if same_method and all(k in entry for k in keys):
+                # Every rank sees the same state, so all agree on what is ready (a layer marked
+                # missing on some ranks only would make them run collectives alone).
+                self._ready.add(name)
+                if self._holds(name):
+                    self._load_second_order(name, entry, device)
         self._capture = self._is_factor_step(self.steps)
 
     def _check_shapes(self, name: str, entry: dict[str, Tensor]) -> None:
@@ -515,18 +520,15 @@ class KFACPreconditioner:
                 )
 
     def _load_second_order(self, name: str, entry: dict[str, Tensor], device: torch.device) -> None:
-        held: dict[str, list[Tensor]] = {}
-        for key in _FACTORS:
-            names = self._second_order_keys(key)
-            if all(k in entry for k in names):
-                held[key] = [
-                    entry[k].to(device=device, dtype=self.options.inv_dtype).clone() for k in names
-                ]
-        if len(held) == 2:
-            self.second_order[name] = held
-            self._ready.add(name)
-            if self._eigen and self.options.compute_eigenvalue_outer_product:
-                self._set_outer(name, float(self.options.schedules["damping"](self.steps)))
+        self.second_order[name] = {
+            key: [
+                entry[k].to(device=device, dtype=self.options.inv_dtype).clone()
+                for k in self._second_order_keys(key)
+            ]
+            for key in _FACTORS
+        }
+        if self._eigen and self.options.compute_eigenvalue_outer_product:
+            self._set_outer(name, float(self.options.schedules["damping"](self.steps)))
 
     def memory_usage(self) -> dict[str, int]:
         """Bytes this rank holds: ``factors_bytes`` (running A and G), ``second_order_bytes``

@@ -15,6 +15,7 @@ result and warns once per layer. Grouped layers carry a leading group dimension 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -55,10 +56,15 @@ def _jittered(matrix: Tensor, scale: float) -> Tensor:
     return matrix + (scale * mean_diag).unsqueeze(-1) * eye
 
 
-def _attempts(matrix: Tensor, dtype: torch.dtype) -> list[Tensor]:
-    """The ladder of matrices to try: as asked, float64, float64 with growing jitter."""
+def _attempts(matrix: Tensor, dtype: torch.dtype) -> Iterator[Tensor]:
+    """The ladder of matrices to try: as asked, float64, float64 with growing jitter. Lazy:
+    the float64 copies are made only when the try before them failed (almost never)."""
+    yield matrix.to(dtype)
     wide = matrix.to(torch.float64)
-    return [matrix.to(dtype), wide, *(_jittered(wide, s) for s in _JITTERS)]
+    if dtype != torch.float64:
+        yield wide
+    for scale in _JITTERS:
+        yield _jittered(wide, scale)
 
 
 def decompose(matrix: Tensor, dtype: torch.dtype) -> EigenFactor | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import gc
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -81,6 +83,9 @@ def init_distributed(
     rendezvous = resolve_rendezvous(info, env)
     device = _pick_device(chosen, info)
     if not dist.is_initialized():
+        # atexit handlers run while the interpreter is still whole: groups are destroyed
+        # there even when the program forgot to, or kept them in a global.
+        atexit.register(shutdown)
         dist.init_process_group(
             backend=chosen,
             init_method=f"tcp://{rendezvous.addr}:{rendezvous.port}",
@@ -92,6 +97,14 @@ def init_distributed(
 
 
 def shutdown() -> None:
-    """Destroy the process group if one is running; safe to call twice."""
+    """Destroy every process group if one is running; safe to call twice, and called at exit.
+
+    Unreachable objects that still hold subgroups or in-flight async work (a preconditioner
+    whose hooks form a reference cycle with its model, say) are collected first: if they were
+    left for the interpreter's final teardown, gloo would destroy their worker threads after
+    Python is gone and abort the process ("terminate called without an active exception").
+    """
+    gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    gc.collect()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ import torch
 
 from kfac_hpc.checkpoint.files import open_h5
 from kfac_hpc.checkpoint.hdf5_tree import read_tree
-from tests.conftest import clean_env, run_mpi
+from tests.conftest import clean_env, parse_rank_records, run_mpi
 
 SCRIPT = Path(__file__).with_name("tiny_train.py")
 
@@ -25,7 +24,7 @@ def run_tiny(world: int, run: Path, *args: str, expect_rc: int = 0) -> list[dict
     else:
         out = run_mpi(world, argv, timeout=240)
     assert out.returncode == expect_rc, f"rc {out.returncode}\n{out.stdout}\n{out.stderr[-3000:]}"
-    lines = [json.loads(x) for x in out.stdout.splitlines() if x.startswith('{"rank"')]
+    lines = parse_rank_records(out.stdout)
     assert sorted(x["rank"] for x in lines) == list(range(world)), out.stdout
     assert all(x["world"] == world for x in lines), "launcher did not start the expected ranks"
     return lines

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pickle
 import random
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -125,7 +124,7 @@ def test_works_with_hdf5_file_locking_off(tmp_path, monkeypatch):
     assert locking_mode() == "best-effort" and locking_mode(True) is True
 
 
-@pytest.mark.skipif(shutil.which("h5dump") is None, reason="hdf5-tools not installed")
+@pytest.mark.usefixtures("hdf5_tools")
 def test_h5ls_and_h5dump_read_a_checkpoint(tmp_path):
     _save(tmp_path, 1)
     path = read_latest(tmp_path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -180,7 +179,7 @@ def test_corrupted_tensor_bytes_are_detected_on_read(tmp_path):
         read_tree(h5)
 
 
-@pytest.mark.skipif(shutil.which("h5dump") is None, reason="hdf5-tools not installed")
+@pytest.mark.usefixtures("hdf5_tools")
 def test_plain_hdf5_tools_read_the_file(tmp_path):
     path = tmp_path / "t.h5"
     with open_h5(path, "w") as h5:

@@ -71,12 +71,6 @@ def test_one_rank_to_two(tmp_path, reference):
 
 
 @pytest.mark.mpi
-@pytest.mark.xfail(
-    reason="optim: KFACPreconditioner.load_state_dict marks only the layers a rank holds as "
-    "ready, so under MEM-OPT the others are recomputed at the first step after loading; "
-    "fix proposed to the optim engineer. Remove this marker once it lands (XPASS).",
-    strict=False,
-)
 def test_comm_opt_to_mem_opt(tmp_path, reference):
     ckpt = load_checkpoint(_ckpt(reference[2]))
     assert ckpt.tree["strategy"] == "comm-opt" and ckpt.world_size == 2

@@ -186,12 +186,8 @@ def main() -> int:
             out["kfac"] = kfac.state_dict()  # type: ignore[attr-defined]
         with open_h5(args.run / f"final-{attempt}.h5", "w") as h5:
             write_tree(h5, out)
-    print(
-        json.dumps(
-            {"rank": rank, "world": world, "step": step, "end": end, "resumed_from": resumed_from}
-        ),
-        flush=True,
-    )
+    record = {"rank": rank, "world": world, "step": step, "end": end, "resumed_from": resumed_from}
+    os.write(1, (json.dumps(record) + "\n").encode())  # one write: ranks share stdout
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -5,6 +5,7 @@ kfac_hpc.comm in one job (starting ranks is the slow part) and prints one JSON l
 from __future__ import annotations
 
 import json
+import os
 import traceback
 from collections.abc import Callable
 from functools import partial
@@ -260,10 +261,8 @@ def main() -> None:
         except Exception:
             results[name] = traceback.format_exc(limit=3)
         dist.barrier()  # a failed check must not leave collectives of others unmatched
-    print(
-        json.dumps({"rank": ctx.rank, "world_size": dist.get_world_size(), "checks": results}),
-        flush=True,
-    )
+    record = {"rank": ctx.rank, "world_size": dist.get_world_size(), "checks": results}
+    os.write(1, (json.dumps(record) + "\n").encode())  # one write: ranks share stdout
     shutdown()
 
 

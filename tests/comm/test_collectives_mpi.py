@@ -6,14 +6,13 @@ asserts one check on every rank, and that the job really had the expected world 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import run_mpi
+from tests.conftest import parse_rank_records, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -27,7 +26,7 @@ def results(world_size: int) -> list[dict[str, Any]]:
     if world_size not in _results:
         out = run_mpi(world_size, [sys.executable, str(SCRIPT)], timeout=240)
         assert out.returncode == 0, f"ranks failed:\n{out.stdout}\n{out.stderr[-4000:]}"
-        lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+        lines = parse_rank_records(out.stdout)
         _results[world_size] = sorted(lines, key=lambda r: r["rank"])
     reports = _results[world_size]
     assert [r["rank"] for r in reports] == list(range(world_size))

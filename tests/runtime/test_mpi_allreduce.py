@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.conftest import run_mpi
+from tests.conftest import parse_rank_records, run_mpi
 
 PROBE = Path(__file__).with_name("allreduce_probe.py")
 
 
-def parse_ranks(stdout: str) -> list[dict[str, object]]:
-    """One JSON object per rank, found wherever the launcher put it in the merged output."""
-    rows = [json.loads(match) for match in re.findall(r"\{[^{}]*\}", stdout)]
-    return sorted(rows, key=lambda r: int(r["rank"]))  # type: ignore[call-overload]
+def parse_ranks(stdout: str) -> list[dict[str, Any]]:
+    """One JSON object per rank, sorted by rank."""
+    return sorted(parse_rank_records(stdout), key=lambda r: int(r["rank"]))
 
 
 @pytest.mark.mpi
