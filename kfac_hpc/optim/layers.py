@@ -213,8 +213,8 @@ _CPU_CHUNK_BYTES = 4 << 20
 
 
 def _block_edges(d: int) -> list[int]:
-    """Column block boundaries for :func:`_gram_into`: blocks of at most 64 columns (at most 6 blocks),
-    big enough for efficient GEMMs; one block below 128 columns."""
+    """Column block boundaries for :func:`_gram_into`: up to 6 blocks of at least 64 columns
+    (big enough for efficient GEMMs); one block below 128 columns."""
     blocks = 1 if d < 128 else min(6, -(-d // 64))
     return [d * i // blocks for i in range(blocks + 1)]
 
@@ -247,14 +247,17 @@ def _moments(
 ) -> tuple[Tensor, Tensor | None, int]:
     """Σ v vᵀ (groups, d, d), Σ v (groups, d) if ``with_sum`` and the count over the columns v
     of ``columns(data)`` (groups, d, K), batch chunk by batch chunk (one chunk on GPUs)."""
-    first = columns(data[:1])
-    groups, d, per_sample = first.shape
-    chunk = len(data) if data.is_cuda else max(1, _CPU_CHUNK_BYTES // first.nbytes)
+    probe = columns(data[:1])  # one sample: the shape, and the chunk size from its bytes
+    groups, d, per_sample = probe.shape
+    chunk = len(data) if data.is_cuda else max(1, _CPU_CHUNK_BYTES // probe.nbytes)
     edges = _block_edges(d)
     cov = torch.zeros(groups, d, d, dtype=data.dtype, device=data.device)
     col = torch.zeros(groups, d, dtype=data.dtype, device=data.device) if with_sum else None
-    rest = (columns(part) for part in data[1:].split(chunk)) if len(data) > 1 else ()
-    for mat in itertools.chain([first], rest):  # lazily: one chunk alive at a time
+    # Full chunks from sample 0 on (the probe is rebuilt): no GEMM on a single sample's columns.
+    mats = [probe] if chunk == 1 else []
+    left = data[len(mats) :]
+    rest = (columns(part) for part in left.split(chunk)) if len(left) else ()
+    for mat in itertools.chain(mats, rest):  # lazily: one chunk alive at a time
         _gram_into(cov, mat, edges)
         if col is not None:
             col += mat.sum(-1)

@@ -36,12 +36,21 @@ def test_linear_factors_equal_dense(bias: bool, shape: tuple[int, ...]) -> None:
     _check_layer(layer, x)
 
 
+@pytest.mark.parametrize("batch", [1, 3], ids=["batch1", "batch3"])
 @pytest.mark.parametrize("name", list(CONVS))
-def test_conv_factors_equal_dense(name: str) -> None:
+def test_conv_factors_equal_dense(name: str, batch: int) -> None:
     torch.manual_seed(0)
     conv = nn.Conv2d(**CONVS[name]).double()
-    x = torch.randn(3, conv.in_channels, 7, 6, dtype=torch.float64)
+    x = torch.randn(batch, conv.in_channels, 7, 6, dtype=torch.float64)
     _check_layer(conv, x)
+
+
+def test_wide_conv_factors_use_column_blocks_and_equal_dense() -> None:
+    """145 im2col columns (with bias): the blocked upper-triangle Gram path, batch 1 and 5."""
+    torch.manual_seed(0)
+    for batch in (1, 5):
+        conv = nn.Conv2d(16, 4, 3, padding=1).double()
+        _check_layer(conv, torch.randn(batch, 16, 6, 5, dtype=torch.float64))
 
 
 def _check_layer(module: nn.Module, x: torch.Tensor) -> None:
