@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
+from kfac_hpc.phases import COMM_PHASES, PHASES
+
+__all__ = ["COMM_PHASES", "PHASES", "RUN_SCHEMA", "TABLE_SCHEMA"]
+
 # Version of the run-directory files this collector understands (docs/contracts.md).
 RUN_SCHEMA = 1
 # Version of the tables ``collect`` writes; bump it when a column changes meaning or goes away.
 TABLE_SCHEMA = 1
 
-# Timing phases in contract order (seconds per step).
-PHASES: tuple[str, ...] = (
-    "data",
-    "forward",
-    "backward",
-    "factor_compute",
-    "factor_comm",
-    "inverse_compute",
-    "inverse_comm",
-    "precondition",
-    "grad_broadcast",
-    "grad_allreduce",
-    "optimizer",
-    "checkpoint",
-)
-# Phases that are communication; their share of the step is the communication fraction.
-COMM_PHASES: tuple[str, ...] = ("factor_comm", "inverse_comm", "grad_broadcast", "grad_allreduce")
 
 # Row states of the runs table.
 DONE = "done"

@@ -41,17 +41,11 @@ from kfac_hpc.optim.second_order import (
     precondition_eigen,
     precondition_inverse,
 )
+from kfac_hpc.phases import KFAC_PHASES
 
 __all__ = ["PHASES", "KFACPreconditioner"]
 
-PHASES = (
-    "factor_compute",
-    "factor_comm",
-    "inverse_compute",
-    "inverse_comm",
-    "precondition",
-    "grad_broadcast",
-)
+PHASES = KFAC_PHASES
 STATE_FORMAT = 1
 _FACTORS = ("A", "G")
 

@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kfac_hpc.phases import PHASES
+
 __all__ = [
     "MARKERS",
     "PHASES",
@@ -21,21 +23,6 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 MARKERS = ("done", "error", "preempted")
-# The phase names of docs/contracts.md, in order.
-PHASES = (
-    "data",
-    "forward",
-    "backward",
-    "factor_compute",
-    "factor_comm",
-    "inverse_compute",
-    "inverse_comm",
-    "precondition",
-    "grad_broadcast",
-    "grad_allreduce",
-    "optimizer",
-    "checkpoint",
-)
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

@@ -1,0 +1,26 @@
+"""The timing phases of docs/contracts.md: one definition for the optimizer, the job and the
+collector (no imports, so every layer may use it)."""
+
+from __future__ import annotations
+
+__all__ = ["COMM_PHASES", "KFAC_PHASES", "PHASES"]
+
+# Every phase of a training step, in contract order (seconds per step).
+PHASES: tuple[str, ...] = (
+    "data",
+    "forward",
+    "backward",
+    "factor_compute",
+    "factor_comm",
+    "inverse_compute",
+    "inverse_comm",
+    "precondition",
+    "grad_broadcast",
+    "grad_allreduce",
+    "optimizer",
+    "checkpoint",
+)
+# The phases the K-FAC preconditioner measures in `last_timings`.
+KFAC_PHASES: tuple[str, ...] = PHASES[3:9]
+# Phases that are communication; their share of a step is the communication fraction.
+COMM_PHASES: tuple[str, ...] = ("factor_comm", "inverse_comm", "grad_broadcast", "grad_allreduce")
