@@ -7,7 +7,9 @@ mean, the broadcast source already holds the data).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -80,18 +82,68 @@ class _Entry:
 
 
 @dataclass
-class _Bucket:
+class _Pending:
+    """What every bucket has: its size so far, and once launched its buffer and work."""
+
+    nbytes: int = field(default=0, init=False)
+    buffer: torch.Tensor | None = field(default=None, init=False)
+    work: dist.Work | None = field(default=None, init=False)
+
+
+_BucketT = TypeVar("_BucketT", bound=_Pending)
+_KeyT = TypeVar("_KeyT")
+
+
+class _BucketQueue(Generic[_KeyT, _BucketT]):
+    """Open buckets by key, each launched as one collective once it holds ``bucket_cap_mb``
+    MiB or at :meth:`flush`; subclasses say how a bucket is launched."""
+
+    def __init__(self, bucket_cap_mb: float, option: str) -> None:
+        if not bucket_cap_mb >= 0:
+            raise ValueError(f"{option}={bucket_cap_mb!r} must be >= 0 (MiB; 0 = no bucketing)")
+        self.bucket_cap_bytes = int(bucket_cap_mb * _MB)
+        self._open: dict[_KeyT, _BucketT] = {}
+        self._launched: list[_BucketT] = []
+
+    def _enqueue(self, key: _KeyT, nbytes: int, new: Callable[[], _BucketT]) -> _BucketT:
+        """The open bucket of ``key`` with room for ``nbytes`` more (launching a full one first);
+        the caller adds its tensor to it and then calls :meth:`_added`."""
+        bucket = self._open.get(key)
+        if bucket is not None and bucket.nbytes + nbytes > self.bucket_cap_bytes:
+            self._launch(self._open.pop(key))
+            bucket = None
+        if bucket is None:
+            bucket = self._open[key] = new()
+        bucket.nbytes += nbytes
+        return bucket
+
+    def _added(self, key: _KeyT) -> None:
+        if self._open[key].nbytes >= self.bucket_cap_bytes:
+            self._launch(self._open.pop(key))
+
+    def flush(self) -> None:
+        """Launch every partly filled bucket."""
+        for bucket in self._open.values():
+            self._launch(bucket)
+        self._open.clear()
+
+    def _launch(self, bucket: _BucketT) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class _Bucket(_Pending):
     """Tensors of one (dtype, device, dst) packed into one flat buffer for one collective."""
 
     dst: int | None
     entries: list[_Entry] = field(default_factory=list)
     flats: list[torch.Tensor] = field(default_factory=list)  # 1-D pieces until launched
-    nbytes: int = 0
-    buffer: torch.Tensor | None = None
-    work: dist.Work | None = None
 
 
-class FactorAllreducer:
+_FactorKey = tuple[torch.dtype, torch.device, int | None]
+
+
+class FactorAllreducer(_BucketQueue[_FactorKey, _Bucket]):
     """Average tensors over a process group in flat buckets of ``bucket_cap_mb``, asynchronously.
 
     ``submit`` queues a tensor in the open bucket of its (dtype, device, destination); a bucket
@@ -111,16 +163,10 @@ class FactorAllreducer:
         group: ProcessGroup | None = None,
         symmetric: bool = False,
     ) -> None:
-        if not bucket_cap_mb >= 0:
-            raise ValueError(
-                f"allreduce_bucket_cap_mb={bucket_cap_mb!r} must be >= 0 (MiB; 0 = no bucketing)"
-            )
-        self.bucket_cap_bytes = int(bucket_cap_mb * _MB)
+        super().__init__(bucket_cap_mb, "allreduce_bucket_cap_mb")
         self.group = group
         self.symmetric = symmetric
         self._triangle = _Triangle()
-        self._open: dict[tuple[torch.dtype, torch.device, int | None], _Bucket] = {}
-        self._launched: list[_Bucket] = []
         self._names: set[str] = set()
 
     @property
@@ -158,23 +204,10 @@ class FactorAllreducer:
         packed = self._triangle.pack(tensor) if pack_triangle else tensor.detach().reshape(-1)
         key = (tensor.dtype, tensor.device, dst)
         nbytes = packed.numel() * packed.element_size()
-        bucket = self._open.get(key)
-        if bucket is not None and bucket.nbytes + nbytes > self.bucket_cap_bytes:
-            self._launch(self._open.pop(key))
-            bucket = None
-        if bucket is None:
-            bucket = self._open[key] = _Bucket(dst)
+        bucket = self._enqueue(key, nbytes, lambda: _Bucket(dst))
         bucket.entries.append(_Entry(name, tensor, pack_triangle, packed.numel()))
         bucket.flats.append(packed)
-        bucket.nbytes += nbytes
-        if bucket.nbytes >= self.bucket_cap_bytes:
-            self._launch(self._open.pop(key))
-
-    def flush(self) -> None:
-        """Launch every partly filled bucket."""
-        for bucket in self._open.values():
-            self._launch(bucket)
-        self._open.clear()
+        self._added(key)
 
     def wait(self) -> list[str]:
         """Flush, wait for every bucket and write the means back; returns the names written."""
@@ -221,18 +254,18 @@ class FactorAllreducer:
 
 
 @dataclass
-class _Broadcast:
+class _Broadcast(_Pending):
     """Tensors sent from one ``src`` in one group, as one flat broadcast."""
 
     src: int
     group: ProcessGroup | None
     tensors: list[torch.Tensor] = field(default_factory=list)
-    nbytes: int = 0
-    buffer: torch.Tensor | None = None
-    work: dist.Work | None = None
 
 
-class AsyncBroadcaster:
+_BroadcastKey = tuple[int, int, torch.dtype, torch.device]
+
+
+class AsyncBroadcaster(_BucketQueue[_BroadcastKey, _Broadcast]):
     """Broadcast tensors asynchronously in flat buckets, then wait for all of them at once.
 
     ``broadcast`` queues a tensor in the open bucket of its (src, group, dtype, device); a bucket
@@ -245,14 +278,8 @@ class AsyncBroadcaster:
     """
 
     def __init__(self, group: ProcessGroup | None = None, bucket_cap_mb: float = 25.0) -> None:
-        if not bucket_cap_mb >= 0:
-            raise ValueError(
-                f"bucket_cap_mb={bucket_cap_mb!r} must be >= 0 (MiB; 0 = no bucketing)"
-            )
+        super().__init__(bucket_cap_mb, "bucket_cap_mb")
         self.group = group
-        self.bucket_cap_bytes = int(bucket_cap_mb * _MB)
-        self._open: dict[tuple[int, int, torch.dtype, torch.device], _Broadcast] = {}
-        self._launched: list[_Broadcast] = []
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: ProcessGroup | None = None) -> None:
         """Queue ``tensor`` to go from ``src`` to every rank of ``group`` (default: the
@@ -262,22 +289,8 @@ class AsyncBroadcaster:
             return
         key = (src, id(chosen), tensor.dtype, tensor.device)
         nbytes = tensor.numel() * tensor.element_size()
-        bucket = self._open.get(key)
-        if bucket is not None and bucket.nbytes + nbytes > self.bucket_cap_bytes:
-            self._launch(self._open.pop(key))
-            bucket = None
-        if bucket is None:
-            bucket = self._open[key] = _Broadcast(src, chosen)
-        bucket.tensors.append(tensor)
-        bucket.nbytes += nbytes
-        if bucket.nbytes >= self.bucket_cap_bytes:
-            self._launch(self._open.pop(key))
-
-    def flush(self) -> None:
-        """Launch every partly filled bucket."""
-        for bucket in self._open.values():
-            self._launch(bucket)
-        self._open.clear()
+        self._enqueue(key, nbytes, lambda: _Broadcast(src, chosen)).tensors.append(tensor)
+        self._added(key)
 
     def wait(self) -> None:
         """Flush, wait for every broadcast and write what arrived into the receivers' tensors."""
