@@ -51,14 +51,12 @@ def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1) -> list[nn.Modul
     ]
 
 
-class BasicBlock(nn.Module):
-    """Two 3x3 conv-BN layers with a residual connection (CIFAR ResNets)."""
+class _Residual(nn.Module):
+    """relu(body(x) + shortcut(x)); the shortcut is a strided 1x1 conv-BN when shapes change."""
 
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
+    def __init__(self, body: nn.Sequential, cin: int, cout: int, stride: int) -> None:
         super().__init__()
-        self.body = nn.Sequential(
-            *_conv_bn(cin, cout, 3, stride), nn.ReLU(inplace=True), *_conv_bn(cout, cout, 3)
-        )
+        self.body = body
         self.shortcut: nn.Module = (
             nn.Sequential(*_conv_bn(cin, cout, 1, stride))
             if stride != 1 or cin != cout
@@ -69,27 +67,28 @@ class BasicBlock(nn.Module):
         return torch.relu(self.body(x) + self.shortcut(x))
 
 
-class Bottleneck(nn.Module):
+class BasicBlock(_Residual):
+    """Two 3x3 conv-BN layers with a residual connection (CIFAR ResNets)."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        body = nn.Sequential(
+            *_conv_bn(cin, cout, 3, stride), nn.ReLU(inplace=True), *_conv_bn(cout, cout, 3)
+        )
+        super().__init__(body, cin, cout, stride)
+
+
+class Bottleneck(_Residual):
     """1x1 reduce, 3x3, 1x1 expand (x4) with a residual connection (ResNet-50)."""
 
     def __init__(self, cin: int, width: int, stride: int) -> None:
-        super().__init__()
-        cout = width * 4
-        self.body = nn.Sequential(
+        body = nn.Sequential(
             *_conv_bn(cin, width, 1),
             nn.ReLU(inplace=True),
             *_conv_bn(width, width, 3, stride),
             nn.ReLU(inplace=True),
-            *_conv_bn(width, cout, 1),
+            *_conv_bn(width, width * 4, 1),
         )
-        self.shortcut: nn.Module = (
-            nn.Sequential(*_conv_bn(cin, cout, 1, stride))
-            if stride != 1 or cin != cout
-            else nn.Identity()
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.body(x) + self.shortcut(x))
+        super().__init__(body, cin, width * 4, stride)
 
 
 def _cifar_resnet(depth: int, channels: int, num_classes: int) -> nn.Module:
