@@ -56,14 +56,11 @@ def _legend(ax: Axes) -> None:
         ax.legend(fontsize="x-small", loc="best")
 
 
-def _scaling_plot(
-    scaling: list[Row], path: Path, column: str, band: tuple[str, str], ylabel: str, title: str
-) -> Path | None:
-    """``column`` vs nodes per group, log-2 axes, min-max band, dashed ideal line."""
-    groups = _by_group(scaling, column)
-    if not groups:
-        return None
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+def _lines_with_bands(
+    ax: Axes, groups: dict[str, list[Row]], column: str, band: tuple[str, str]
+) -> list[float]:
+    """One line per group of ``column`` vs nodes with its min-max band; returns every node count
+    plotted. A missing band edge falls back to the line's value."""
     all_nodes: list[float] = []
     for group, cells in groups.items():
         nodes = [c["nodes"] for c in cells]
@@ -72,7 +69,21 @@ def _scaling_plot(
         low = [c[band[0]] if c[band[0]] is not None else c[column] for c in cells]
         high = [c[band[1]] if c[band[1]] is not None else c[column] for c in cells]
         ax.fill_between(nodes, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-        if column != "speedup":  # linear scaling from this group's smallest node count
+    return all_nodes
+
+
+def _scaling_plot(
+    scaling: list[Row], path: Path, column: str, band: tuple[str, str], ylabel: str, title: str
+) -> Path | None:
+    """``column`` vs nodes per group, log-2 axes, min-max band, dashed ideal line."""
+    groups = _by_group(scaling, column)
+    if not groups:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    all_nodes = _lines_with_bands(ax, groups, column, band)
+    if column != "speedup":  # linear scaling from each group's smallest node count
+        for (group, cells), line in zip(groups.items(), ax.get_lines(), strict=True):
+            nodes = [c["nodes"] for c in cells]
             ax.plot(
                 nodes,
                 [cells[0][column] * n / cells[0]["nodes"] for n in nodes],
@@ -120,20 +131,7 @@ def efficiency_plot(scaling: list[Row], path: Path) -> Path | None:
     if not groups:
         return None
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    all_nodes: list[float] = []
-    for group, cells in groups.items():
-        nodes = [c["nodes"] for c in cells]
-        all_nodes += nodes
-        (line,) = ax.plot(nodes, [c["efficiency"] for c in cells], marker="o", label=group)
-        low = [
-            c["efficiency_min"] if c["efficiency_min"] is not None else c["efficiency"]
-            for c in cells
-        ]
-        high = [
-            c["efficiency_max"] if c["efficiency_max"] is not None else c["efficiency"]
-            for c in cells
-        ]
-        ax.fill_between(nodes, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+    all_nodes = _lines_with_bands(ax, groups, "efficiency", ("efficiency_min", "efficiency_max"))
     ax.axhline(1.0, linestyle="--", color="grey", label="ideal")
     _log2_nodes(ax, all_nodes)
     ax.set_ylim(bottom=0)
