@@ -128,12 +128,18 @@ def resume_local(sweep_dir: Path) -> list[str]:
 def wait_for_sweep(
     sweep_dir: Path, poll_s: float = 2.0, timeout_s: float | None = None
 ) -> Manifest:
-    """Poll ``status`` until no point is pending, submitted, running or requeued."""
+    """Poll ``status`` until no point is pending, submitted, running or requeued, on two polls
+    in a row: one scheduler snapshot can miss a task that is changing state (a requeue)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    settled = False
     while True:
         manifest, _ = status(sweep_dir)
         if not any(p.state in _LIVE for p in manifest.points):
-            return manifest
+            if settled:
+                return manifest
+            settled = True
+        else:
+            settled = False
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"sweep {sweep_dir} still running after {timeout_s} s")
         time.sleep(poll_s)

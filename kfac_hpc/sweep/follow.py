@@ -69,6 +69,11 @@ def _classify(
         if queued.state in _REQUEUED or (marker is not None and marker[0] == "preempted"):
             return "requeued", f"{queued.state} {queued.reason}".strip()
         return "submitted", f"{queued.state} {queued.reason}".strip()
+    preempted = marker is not None and marker[0] == "preempted"
+    if preempted and ended is not None and ended.state not in {*_ENDED, "COMPLETED"}:
+        # squeue missed it for a moment (a requeued task between records), but the
+        # controller still holds it pending or running: the requeue is under way.
+        return "requeued", f"{ended.state} {ended.reason}".strip()
     if marker is not None:
         return marker
     if ended is not None:

@@ -212,7 +212,9 @@ def test_preempted_point_is_requeued_and_matches_an_uninterrupted_twin(slurm_clu
     )
     assert sig.returncode == 0, sig.stderr
     # Slurm holds a requeued job ~2 min (its BeginTime) before it may start again; status says
-    # `requeued` meanwhile. Make it eligible now so the test need not sit out that delay.
+    # `requeued` meanwhile. Make it eligible sooner so the test need not sit out that delay, but
+    # not at once: slurmd rejects a start in the same second as the requeue ("Job credential
+    # revoked"), which is what the delay protects against.
     while True:
         assert time.monotonic() < deadline, "the victim was never requeued"
         row = _status_of(sweep_dir, victim.point_id, slurm_cluster)
@@ -221,7 +223,7 @@ def test_preempted_point_is_requeued_and_matches_an_uninterrupted_twin(slurm_clu
         assert row["state"] in ("running", "preempted"), row
         time.sleep(0.5)
     update = subprocess.run(
-        ["scontrol", "update", f"JobId={victim.job_id}", "StartTime=now"],
+        ["scontrol", "update", f"JobId={victim.job_id}", "StartTime=now+5"],
         env=env,
         capture_output=True,
         text=True,
