@@ -22,6 +22,7 @@ from kfac_hpc.analysis.tables import (
     segment_rows,
     varying_params,
 )
+from kfac_hpc.atomic_write import write_text_atomic
 
 Row = dict[str, Any]
 FORMATS = ("table", "csv", "json")
@@ -84,12 +85,6 @@ def _jsonl_text(rows: list[Row]) -> str:
     return "".join(json.dumps(row, sort_keys=False) + "\n" for row in rows)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _column(values: list[Any]) -> tuple[str, list[Any]]:
     """One Parquet column's type (bool, int64, double or string) and its values: a column whose
     values mix kinds (a damaged run's junk) becomes strings rather than failing the write."""
@@ -129,7 +124,7 @@ def write_tables(tables: Tables, out_dir: Path) -> list[Path]:
     written = []
     for stem, (rows, columns) in tables.named().items():
         for suffix, text in (("csv", _csv_text(rows, columns)), ("jsonl", _jsonl_text(rows))):
-            _atomic_write(out_dir / f"{stem}.{suffix}", text)
+            write_text_atomic(out_dir / f"{stem}.{suffix}", text)
             written.append(out_dir / f"{stem}.{suffix}")
         if _write_parquet(out_dir / f"{stem}.parquet", rows, columns):
             written.append(out_dir / f"{stem}.parquet")

@@ -26,7 +26,7 @@ __all__ = [
     "LATEST",
     "checkpoint_name",
     "checkpoint_step",
-    "fsync_dir",
+    "fsync_path",
     "list_checkpoints",
     "locking_mode",
     "open_h5",
@@ -77,16 +77,8 @@ def open_h5(path: Path, mode: str, locking: bool | str | None = None) -> h5py.Fi
     return h5py.File(path, mode, libver=LIBVER, locking=locking_mode(locking), track_order=True)
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush a file's data, or (for a directory) make a rename in it durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -107,13 +99,13 @@ def write_atomic_h5(
             h5.attrs["complete"] = False
             fill(h5)
             h5.attrs["complete"] = True
-        _fsync_file(tmp)
+        fsync_path(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
     return path
 
 
@@ -125,7 +117,7 @@ def write_latest(directory: Path, name: str) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, directory / LATEST)
-    fsync_dir(directory)
+    fsync_path(directory)
 
 
 def read_latest(directory: Path) -> Path | None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from kfac_hpc.atomic_write import write_text_atomic
 
 __all__ = ["STATES", "ArrayRecord", "Manifest", "PointRecord", "locked_manifest", "read_manifest"]
 
@@ -95,13 +96,7 @@ class Manifest:
 
     def write(self, sweep_dir: Path) -> None:
         """Atomically replace the manifest (tmp file, fsync, rename)."""
-        path = sweep_dir / MANIFEST
-        tmp = path.with_name(f".{MANIFEST}.{os.getpid()}.tmp")
-        with open(tmp, "w") as fh:
-            fh.write(self.to_json())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        write_text_atomic(sweep_dir / MANIFEST, self.to_json())
 
 
 def read_manifest(sweep_dir: Path) -> Manifest:

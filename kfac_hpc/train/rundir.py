@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from kfac_hpc.atomic_write import write_text_atomic
 from kfac_hpc.phases import PHASES
 
 __all__ = [
@@ -26,14 +27,8 @@ MARKERS = ("done", "error", "preempted")
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON to a temp file beside ``path``, fsync, rename over ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=False)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Write ``data`` as JSON to ``path`` atomically (see :func:`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
 
 
 class RunDir:
