@@ -3,22 +3,30 @@
 A sweep directory's manifest lists every point, so points that never started still become rows.
 Without a manifest, any folder holding run directories (at most :data:`SCAN_DEPTH` levels down)
 is collected; a run directory itself is a collection of one.
+
+Run directories are read by a pool of processes, one per CPU, and their reads kept in a per-run
+cache (:mod:`kfac_hpc.analysis.cache`): collecting again re-reads only the changed runs.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kfac_hpc.analysis import schema
+from kfac_hpc.analysis.cache import RunCache, encode
 from kfac_hpc.analysis.rundir import RunData, read_run_dir
 
 # Files whose presence makes a folder a run directory.
 RUN_DIR_FILES = frozenset({"config.json", "metrics.jsonl", "run.json", "done", "error"})
 SCAN_DEPTH = 4
+# Below this many runs to read per worker, starting processes costs more than it saves.
+RUNS_PER_WORKER = 16
 
 
 class CollectError(Exception):
@@ -93,11 +101,61 @@ def find_run_dirs(root: Path, depth: int = SCAN_DEPTH) -> list[Path]:
     return sorted(found)
 
 
-def collect(source: Path) -> Collection:
+Item = tuple[Path, dict[str, Any] | None]  # a run directory and its manifest point
+
+
+def _read_encoded(item: Item) -> tuple[RunData, str]:
+    run = read_run_dir(*item)
+    return run, encode(run)
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _read_many(items: list[Item]) -> list[tuple[RunData, str]]:
+    """Read (and encode for the cache) ``items``, in a process pool when they are many."""
+    workers = min(_cpus(), len(items) // RUNS_PER_WORKER)
+    if workers < 2:
+        return [_read_encoded(item) for item in items]
+    # fork: the workers inherit the imported package instead of importing it again
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    chunk = max(1, len(items) // (workers * 8))
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        return list(pool.map(_read_encoded, items, chunksize=chunk))
+
+
+def read_runs(source: Path, items: list[Item], *, cache: bool = True) -> list[RunData]:
+    """The runs of ``items`` in order: unchanged ones from ``source``'s cache, the others
+    read from disk (and the cache rewritten). ``cache=False`` reads everything."""
+    if not cache:
+        return [read_run_dir(*item) for item in items]
+    store = RunCache(source)
+    runs: list[RunData | None] = []
+    todo: list[tuple[int, str]] = []
+    for index, (path, point) in enumerate(items):
+        run, sig = store.lookup(path, point)
+        runs.append(run)
+        if run is None:
+            todo.append((index, sig))
+    fresh = _read_many([items[i] for i, _ in todo])
+    for (index, sig), (run, encoded) in zip(todo, fresh, strict=True):
+        runs[index] = run
+        store.add(run, sig, encoded)
+    if fresh:
+        store.save()
+    return [run for run in runs if run is not None]
+
+
+def collect(source: Path, *, cache: bool = True) -> Collection:
     """Read every run of ``source`` (a sweep directory or a folder of run directories).
 
     Raises :class:`CollectError` when ``source`` is not a directory, its manifest is
-    unreadable, or it holds no run at all.
+    unreadable, or it holds no run at all. ``cache=False`` ignores the per-run cache.
     """
     if not source.is_dir():
         raise CollectError(f"{source}: not a directory; pass a sweep directory or run folder")
@@ -105,7 +163,7 @@ def collect(source: Path) -> Collection:
     if manifest_path.exists():
         manifest = _read_manifest(manifest_path)
         points = _manifest_points(manifest, manifest_path)
-        runs = [read_run_dir(_point_dir(source, p), p) for p in points]
+        runs = read_runs(source, [(_point_dir(source, p), p) for p in points], cache=cache)
         if not runs:
             raise CollectError(f"{manifest_path}: lists no points; was the sweep expanded?")
         return Collection(source, runs, manifest)
@@ -115,7 +173,7 @@ def collect(source: Path) -> Collection:
             f"{source}: no manifest.json and no run directory (a folder with config.json, "
             "metrics.jsonl or run.json) found; pass a sweep directory or run folder"
         )
-    return Collection(source, [read_run_dir(d) for d in dirs])
+    return Collection(source, read_runs(source, [(d, None) for d in dirs], cache=cache))
 
 
 def _point_dir(sweep_dir: Path, point: dict[str, Any]) -> Path:

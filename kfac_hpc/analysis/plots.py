@@ -170,7 +170,7 @@ def phase_bars(scaling: list[Row], path: Path) -> Path | None:
 
 def curves_plot(runs: list[RunData], rows: list[Row], path: Path) -> Path | None:
     """Training loss and eval accuracy vs wall time, one line per run, a colour per group."""
-    if not any(run.windows or run.evals for run in runs):
+    if not any(run.stats.windows or run.evals for run in runs):
         return None
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
     colors: dict[str, Any] = {}
@@ -181,7 +181,8 @@ def curves_plot(runs: list[RunData], rows: list[Row], path: Path) -> Path | None
         color = colors.setdefault(row["group"], cycle[len(colors) % len(cycle)])
         style = styles[node_counts.index(row["nodes"]) % 4] if row["nodes"] in node_counts else "-"
         label = f"{row['group']} n={row['nodes']}"
-        losses = [(w.wall_s, w.loss) for w in run.windows if w.loss is not None]
+        stats = run.stats
+        losses = [(t, v) for t, v in zip(stats.wall_s, stats.loss, strict=True) if v == v]
         if losses:
             loss_ax.plot(*zip(*losses, strict=True), style, color=color, label=label, lw=1)
         accs = [(e.wall_s, e.accuracy) for e in run.evals if e.accuracy is not None]
@@ -209,7 +210,7 @@ def step_time_plot(runs: list[RunData], rows: list[Row], path: Path) -> Path | N
     samples: dict[tuple[float, str], list[float]] = defaultdict(list)
     for run, row in zip(runs, rows, strict=True):
         if row["state"] == schema.DONE and isinstance(row["nodes"], int | float):
-            samples[(row["nodes"], row["optimizer_label"])].extend(w.step_s for w in run.windows)
+            samples[(row["nodes"], row["optimizer_label"])].extend(run.stats.step_s)
     keys = sorted(k for k, v in samples.items() if v)
     if not keys:
         return None

@@ -8,30 +8,15 @@ reader never raises for what it finds on disk. It returns a :class:`RunData` who
 from __future__ import annotations
 
 import json
-import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kfac_hpc.analysis import schema
+from kfac_hpc.analysis.aggregate import WindowAccumulator, WindowStats, number
 
 JSON = dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    """One ``kind: train`` record: per-step means over ``window_steps`` steps, rank-averaged."""
-
-    attempt: int
-    step: int
-    wall_s: float
-    window_steps: int
-    step_s: float
-    loss: float | None
-    samples_per_s: float | None
-    phases_s: dict[str, float]
-    rank_step_s: list[float]
-    rank_phases_s: dict[str, list[float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +59,7 @@ class RunData:
     manifest: JSON = field(default_factory=dict)
     config: JSON = field(default_factory=dict)
     summary: JSON = field(default_factory=dict)
-    windows: list[Window] = field(default_factory=list)
+    stats: WindowStats = field(default_factory=WindowStats)
     evals: list[EvalPoint] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -90,14 +75,6 @@ class RunData:
 
 class FileProblem(Exception):
     """A file that exists but cannot be used; the message names the file and the problem."""
-
-
-def number(value: Any) -> float | None:
-    """``value`` as a finite float, or None (bools, strings, NaN and infinities are not)."""
-    kind = type(value)  # exact types: bool is not a number here, and this is the hot path
-    if kind is float:
-        return value if math.isfinite(value) else None
-    return float(value) if kind is int else None
 
 
 def _read_json(path: Path) -> JSON | None:
@@ -129,54 +106,6 @@ def _check_schema(obj: JSON, where: str) -> None:
         )
 
 
-def float_list(value: Any) -> list[float]:
-    """A list of finite floats, or [] when ``value`` is not one (checked at C speed: per-rank
-    lists hold world-size x phases numbers per record, the bulk of a large metrics.jsonl)."""
-    if not isinstance(value, list):
-        return []
-    try:
-        out = list(map(float, value))
-    except (TypeError, ValueError):
-        return []
-    return out if all(map(math.isfinite, out)) else []
-
-
-def _phase_map(value: Any) -> dict[str, float]:
-    if not isinstance(value, dict):
-        return {}
-    out = {k: v for k, v in value.items() if type(v) is float and math.isfinite(v)}
-    if len(out) < len(value):  # integers are numbers too; anything else is dropped
-        out.update((k, float(v)) for k, v in value.items() if type(v) is int)
-    return out
-
-
-def _window(obj: JSON) -> Window | None:
-    step, wall, step_s = (
-        number(obj.get("step")),
-        number(obj.get("wall_s")),
-        number(obj.get("step_s")),
-    )
-    if step is None or wall is None or step_s is None:
-        return None
-    rank_phases = obj.get("rank_phases_s")
-    return Window(
-        attempt=int(number(obj.get("attempt")) or 0),
-        step=int(step),
-        wall_s=wall,
-        window_steps=max(1, int(number(obj.get("window_steps")) or 1)),
-        step_s=step_s,
-        loss=number(obj.get("loss")),
-        samples_per_s=number(obj.get("samples_per_s")),
-        phases_s=_phase_map(obj.get("phases_s")),
-        rank_step_s=float_list(obj.get("rank_step_s")),
-        rank_phases_s=(
-            {k: float_list(v) for k, v in rank_phases.items()}
-            if isinstance(rank_phases, dict)
-            else {}
-        ),
-    )
-
-
 def _eval(obj: JSON) -> EvalPoint | None:
     step, wall = number(obj.get("step")), number(obj.get("wall_s"))
     if step is None or wall is None:
@@ -190,43 +119,74 @@ def _eval(obj: JSON) -> EvalPoint | None:
     )
 
 
-# Per-rank arrays of a train record; skipped when run.json already summarises them per rank.
-_RANK_KEYS = ('"rank_phases_s"', '"rank_step_s"')
+_RANK_KEY = b'"rank_'
+# A per-rank value in its plain shape: ``"rank_step_s": [numbers]`` (group 1) or
+# ``"rank_phases_s": {"name": [numbers], ...}`` (group 2); any other shape is left to the parser.
+_RANK_HEAD = re.compile(rb'("rank_step_s")\s*:\s*\[|("rank_phases_s")\s*:\s*\{')
 
 
-def _without_rank_arrays(line: str) -> str:
-    """``line`` with its per-rank arrays cut out textually (str.find runs at memchr speed;
-    parsing them would dominate the collector's time on large sweeps).
+def _without_rank_arrays(raw: bytes) -> bytes:
+    """``raw`` (metrics.jsonl) with the value of each plain per-rank array replaced by 0.
 
-    Only the plain shape is cut: ``, "rank_step_s": [numbers]`` and
-    ``, "rank_phases_s": {"name": [numbers], ...}``; anything else is left for the parser.
+    Parsing those arrays would dominate the collector's time on large sweeps (they are most of
+    the bytes); bytes.find skips to each at memchr speed, and the records stay valid JSON
+    whatever the position of the key. A value is plain when nothing is nested in it: a ``{``
+    before its closing bracket would be nested, or the next line's record (unterminated value).
     """
-    for key in _RANK_KEYS:
-        start = line.find(key)
-        if start < 0:
-            continue
-        comma = line.rfind(",", 0, start)
-        if comma < 0 or line[comma + 1 : start].strip():
-            continue
-        value = line.find("[" if key == '"rank_step_s"' else "{", start)
-        end = line.find("]" if key == '"rank_step_s"' else "}", value)
-        if (
-            value < 0
-            or end < 0
-            or line[start + len(key) : value].strip() != ":"  # the value opens right here
-            or line.find("{", value + 1, end) >= 0
-        ):
-            continue
-        line = line[:comma] + line[end + 1 :]
-    return line
+    pieces: list[bytes] = []
+    done = 0
+    find, match = raw.find, _RANK_HEAD.match
+    start = find(_RANK_KEY)
+    while start >= 0:
+        head = match(raw, start)
+        if head is not None:
+            group = head.lastindex or 0
+            value = head.end()
+            end = find(b"]" if group == 1 else b"}", value)
+            if (
+                end >= 0
+                and find(b"{", value, end) < 0
+                and (group == 2 or find(b"[", value, end) < 0)
+            ):
+                pieces += (raw[done : head.end(group)], b":0")
+                done = end + 1
+                start = find(_RANK_KEY, done)
+                continue
+        start = find(_RANK_KEY, start + 1)
+    pieces.append(raw[done:])
+    return b"".join(pieces)
+
+
+def _parse_lines(body: str) -> list[Any] | None:
+    """Every line of ``body`` (complete lines, no trailing newline) parsed at once as one JSON
+    array: a tenth of the per-line cost. None when a line is bad, blank or spans lines: the
+    caller then parses line by line to count and skip the bad ones."""
+    if not body:
+        return []
+    try:
+        objs = json.loads("[" + body.replace("\n", ",") + "]")
+    except json.JSONDecodeError:
+        return None
+    return objs if len(objs) == body.count("\n") + 1 else None
+
+
+def _parse_one(line: str) -> JSON | None:
+    """One record, or None when it is not a JSON object of this schema."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    if type(obj) is not dict or obj.get("schema", schema.RUN_SCHEMA) != schema.RUN_SCHEMA:
+        return None
+    return obj
 
 
 def read_metrics(path: Path, run: RunData, *, rank_arrays: bool = True) -> None:
-    """Fill ``run.windows`` and ``run.evals`` from metrics.jsonl; bad lines become notes.
+    """Fold metrics.jsonl into ``run.stats`` and ``run.evals``; bad lines become notes.
 
-    A last line without its newline is a record being written (or cut by a crash): skipped
-    with a note. Any other bad line is skipped and counted. ``rank_arrays=False`` skips the
-    per-rank arrays of train records (the windows then have none).
+    A last line without its newline is a record being written (or cut by a crash): kept when
+    it parses, else skipped with a note. Any other bad line is skipped and counted.
+    ``rank_arrays=False`` skips the per-rank arrays of train records.
     """
     try:
         raw = path.read_bytes()
@@ -235,35 +195,39 @@ def read_metrics(path: Path, run: RunData, *, rank_arrays: bool = True) -> None:
     except OSError as exc:
         run.notes.append(f"metrics.jsonl: unreadable ({exc})")
         return
+    if not rank_arrays:
+        raw = _without_rank_arrays(raw)
     # Undecodable bytes become U+FFFD: their record then fails to parse and is counted.
-    lines = raw.decode("utf-8", errors="replace").split("\n")
-    truncated = bad = 0
-    for index, line in enumerate(lines):
-        if not line or line.isspace():
-            continue
-        try:
-            obj = json.loads(line if rank_arrays else _without_rank_arrays(line))
-        except json.JSONDecodeError:
-            obj = None
-        if not isinstance(obj, dict) or obj.get("schema", schema.RUN_SCHEMA) != schema.RUN_SCHEMA:
-            # The unterminated last line is a record being written, or cut by a crash.
-            if index == len(lines) - 1:
-                truncated = 1
-            else:
-                bad += 1
+    text = raw.decode("utf-8", errors="replace")
+    body, newline, tail = text.rpartition("\n")
+    if not newline:
+        body, tail = "", text
+    objs = _parse_lines(body)
+    bad = 0
+    if objs is None:
+        objs = [_parse_one(line) for line in body.split("\n") if line and not line.isspace()]
+    truncated = 0
+    if tail and not tail.isspace():
+        last = _parse_one(tail)
+        truncated = last is None
+        objs.append(last)
+    acc = WindowAccumulator()
+    for obj in objs:
+        if type(obj) is not dict or obj.get("schema", schema.RUN_SCHEMA) != schema.RUN_SCHEMA:
+            bad += 1
             continue
         kind = obj.get("kind")
         if kind == "train":
-            window = _window(obj)
-            bad += window is None
-            if window is not None:
-                run.windows.append(window)
+            acc.add(obj)
         elif kind == "eval":
             point = _eval(obj)
             bad += point is None
             if point is not None:
                 run.evals.append(point)
+                acc.span(point.attempt, point.step, point.step, point.wall_s)
         # other kinds (events, config echoes) are the job's business
+    run.stats, skipped = acc.finish()
+    bad += skipped - truncated  # the cut last line is counted apart
     if truncated:
         run.notes.append("metrics.jsonl: last line truncated (skipped)")
     if bad:
@@ -286,7 +250,7 @@ def _segments_from_summary(run: RunData) -> list[Segment]:
     attempts = run.summary.get("attempts")
     if not isinstance(attempts, list):
         return []
-    compute = _compute_by_attempt(run.windows)
+    compute = run.stats.compute_by_attempt
     out = []
     for i, item in enumerate(attempts):
         if not isinstance(item, dict):
@@ -306,13 +270,6 @@ def _segments_from_summary(run: RunData) -> list[Segment]:
     return out
 
 
-def _compute_by_attempt(windows: list[Window]) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for w in windows:
-        out[w.attempt] = out.get(w.attempt, 0.0) + w.step_s * w.window_steps
-    return out
-
-
 def _segments_from_records(run: RunData, last_end: str) -> list[Segment]:
     """Segments rebuilt from the records' ``attempt`` field when run.json has none.
 
@@ -320,22 +277,16 @@ def _segments_from_records(run: RunData, last_end: str) -> list[Segment]:
     time is its last ``wall_s`` minus the previous attempt's last ``wall_s`` (a lower bound:
     time after the attempt's last record is not visible).
     """
-    by_attempt: dict[int, list[tuple[int, int, float]]] = {}
-    for w in run.windows:
-        by_attempt.setdefault(w.attempt, []).append((w.step - w.window_steps, w.step, w.wall_s))
-    for e in run.evals:
-        by_attempt.setdefault(e.attempt, []).append((e.step, e.step, e.wall_s))
-    compute = _compute_by_attempt(run.windows)
+    compute = run.stats.compute_by_attempt
     out, previous_wall = [], 0.0
-    attempts = sorted(by_attempt)
+    attempts = sorted(run.stats.spans)
     for attempt in attempts:
-        items = by_attempt[attempt]
-        last_wall = max(i[2] for i in items)
+        first, last, last_wall = run.stats.spans[attempt]
         out.append(
             Segment(
                 attempt=attempt,
-                start_step=max(0, min(i[0] for i in items)),
-                end_step=max(i[1] for i in items),
+                start_step=max(0, int(first)),
+                end_step=int(last),
                 wall_s=last_wall - previous_wall,
                 compute_s=compute.get(attempt),
                 end=last_end if attempt == attempts[-1] else "requeued",
@@ -375,12 +326,12 @@ def _state(run: RunData, done: str | None, error: str | None, preempted: str | N
         run.reason = "no done/error marker: still running, or killed before it could write one"
 
 
-def read_run_dir(path: Path, point: JSON | None = None) -> RunData:
-    """Read ``path`` (and its manifest ``point``, if any) into a :class:`RunData`; never raises."""
+def new_run(path: Path, point: JSON | None) -> RunData:
+    """An empty :class:`RunData` of ``path`` with what its manifest ``point`` says."""
     point = point or {}
     params = point.get("params") if isinstance(point.get("params"), dict) else {}
     point_id = point.get("point_id")
-    run = RunData(
+    return RunData(
         path=path,
         run_id=str(point_id or path.name),
         state=schema.INCOMPLETE,
@@ -388,6 +339,12 @@ def read_run_dir(path: Path, point: JSON | None = None) -> RunData:
         params=dict(params or {}),
         manifest=point,
     )
+
+
+def read_run_dir(path: Path, point: JSON | None = None) -> RunData:
+    """Read ``path`` (and its manifest ``point``, if any) into a :class:`RunData`; never raises."""
+    point = point or {}
+    run = new_run(path, point)
     if not path.is_dir():
         job_state = str(point.get("state") or "")
         if job_state in ("pending", "submitted", ""):
@@ -415,7 +372,7 @@ def read_run_dir(path: Path, point: JSON | None = None) -> RunData:
         if asked is not None and seen is not None and asked != seen:
             # e.g. a local sweep emulating nodes with ranks on one host
             run.notes.append(f"{key}: the sweep asked for {asked}, the job saw {seen}")
-    if isinstance(run.summary.get("run_id"), str) and not point_id:
+    if isinstance(run.summary.get("run_id"), str) and not run.point_id:
         run.run_id = run.summary["run_id"]
     # run.json covers the attempts up to its writing; a requeued attempt running now (or
     # killed) is visible only in the records.

@@ -8,14 +8,12 @@ without one (failed, preempted, killed) gets what its metrics.jsonl allows.
 from __future__ import annotations
 
 import json
-from collections import Counter
-from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from kfac_hpc.analysis import schema
-from kfac_hpc.analysis.rundir import RunData, Window, float_list, number
-from kfac_hpc.analysis.stats import percentile, ratio, relative_spread, weighted_mean
+from kfac_hpc.analysis.aggregate import float_list, number
+from kfac_hpc.analysis.rundir import RunData
+from kfac_hpc.analysis.stats import percentile, ratio, relative_spread
 
 Row = dict[str, Any]
 
@@ -170,39 +168,19 @@ def group_label(run: RunData, varying: frozenset[str], *, first_order: bool = Fa
     return " ".join(parts)
 
 
-def _step_weights(windows: list[Window]) -> list[float]:
-    return [float(w.window_steps) for w in windows]
-
-
-def _rank_means(windows: list[Window], pick: Callable[[Window], list[float]]) -> list[float]:
-    """Per-rank step-weighted means of ``pick(window)`` (a per-rank list) over the windows
-    whose list has the run's usual length (a window from a different world size is skipped)."""
-    lists = [(pick(w), w.window_steps) for w in windows]
-    lengths = Counter(len(values) for values, _ in lists if values)
-    if not lengths:
-        return []
-    size = lengths.most_common(1)[0][0]
-    kept = [(values, steps) for values, steps in lists if len(values) == size]
-    total = sum(steps for _, steps in kept)
-    return [sum(values[r] * steps for values, steps in kept) / total for r in range(size)]
-
-
 def _step_stats(run: RunData) -> tuple[float | None, float | None, float | None]:
     summary = run.summary.get("step_s")
     if isinstance(summary, dict) and number(summary.get("mean")) is not None:
         return number(summary.get("mean")), number(summary.get("p50")), number(summary.get("p90"))
-    values = [w.step_s for w in run.windows]
-    mean = weighted_mean(values, _step_weights(run.windows))
-    return mean, percentile(values, 50), percentile(values, 90)
+    values = run.stats.step_s
+    return run.stats.step_mean_s(), percentile(values, 50), percentile(values, 90)
 
 
 def _throughput(run: RunData, world_size: int | None) -> Row:
     """Global samples/s and per-rank samples/s (mean, min, max over ranks)."""
     total = number(run.summary.get("samples_per_s"))
     if total is None:
-        timed = [w for w in run.windows if w.samples_per_s is not None]
-        seconds = [w.step_s * w.window_steps for w in timed]
-        total = weighted_mean([w.samples_per_s or 0.0 for w in timed], seconds)
+        total = run.stats.samples_per_s()
     per_rank = run.summary.get("samples_per_s_per_rank")
     ranks = [number(v) for v in per_rank] if isinstance(per_rank, list) else []
     clean = [v for v in ranks if v is not None]
@@ -219,22 +197,14 @@ def phase_means(run: RunData) -> dict[str, float]:
     summary = run.summary.get("phases_s")
     if isinstance(summary, dict):
         return {k: v for k, raw in summary.items() if (v := number(raw)) is not None}
-    out: dict[str, float] = {}
-    weights = _step_weights(run.windows)
-    for phase in {p for w in run.windows for p in w.phases_s}:
-        values = [w.phases_s.get(phase, 0.0) for w in run.windows]
-        mean = weighted_mean(values, weights)
-        if mean is not None:
-            out[phase] = mean
-    return out
+    return run.stats.phase_means()
 
 
 def _straggler_spread(run: RunData) -> float | None:
     """``(max - min) / mean`` of the ranks' mean step times; from run.json's per-rank
     throughput (step time is batch / throughput) when the windows carry no per-rank times."""
-    rank_step = _rank_means(run.windows, lambda w: w.rank_step_s)
-    if rank_step:
-        return relative_spread(rank_step)
+    if run.stats.rank_step_s:
+        return relative_spread(run.stats.rank_step_s)
     per_rank = run.summary.get("samples_per_s_per_rank")
     if isinstance(per_rank, list) and per_rank:
         rates = [number(v) for v in per_rank]
@@ -265,7 +235,7 @@ def time_to_target(run: RunData, target: float | None) -> tuple[float | None, in
 def _accuracy(run: RunData) -> tuple[float | None, float | None, float | None]:
     """Final loss, final and best accuracy (run.json, else the records)."""
     accs = [e.accuracy for e in run.evals if e.accuracy is not None]
-    final_loss = run.windows[-1].loss if run.windows else None
+    final_loss = run.stats.last_loss
     final = number(run.summary.get("final_accuracy"))
     best = number(run.summary.get("best_accuracy"))
     return (
@@ -289,8 +259,8 @@ def run_row(
         walls = [s.wall_s for s in run.segments if s.wall_s is not None]
         wall = sum(walls) if walls else None
     compute = number(run.summary.get("compute_s"))
-    if compute is None and run.windows:
-        compute = sum(w.step_s * w.window_steps for w in run.windows)
+    if compute is None and run.stats.windows:
+        compute = run.stats.step_weighted_s
     target = (
         target_accuracy if target_accuracy is not None else number(run.value("target_accuracy"))
     )
@@ -300,7 +270,7 @@ def run_row(
     comm = sum(phases.get(p, 0.0) for p in schema.COMM_PHASES)
     step_mean, step_p50, step_p90 = _step_stats(run)
     final_loss, final_acc, best_acc = _accuracy(run)
-    last_step = max((w.step for w in run.windows), default=None)
+    last_step = run.stats.last_step
     row: Row = {
         "schema": schema.TABLE_SCHEMA,
         "run_id": run.run_id,
@@ -347,26 +317,20 @@ def run_row(
     return row
 
 
-def _rank_phase(window: Window, phase: str) -> list[float]:
-    return window.rank_phases_s.get(phase, [])
-
-
 def phase_rows(run: RunData, row: Row) -> list[Row]:
     """The long per-phase rows of one run: per-step mean, p50, p90 over logging windows,
     share of the summed phases, and the spread of the ranks' means."""
     means = phase_means(run)
     total = sum(means.values())
     rank_summary = run.summary.get("rank_phases_s")
-    with_ranks = any(w.rank_phases_s for w in run.windows)
     out = []
     ordered = [p for p in schema.PHASES if p in means] + sorted(set(means) - set(schema.PHASES))
     for phase in ordered:
-        values = [w.phases_s[phase] for w in run.windows if phase in w.phases_s]
         ranks: list[float] = []
         if isinstance(rank_summary, dict):  # the job's own per-rank means
             ranks = float_list(rank_summary.get(phase))
-        elif with_ranks:
-            ranks = _rank_means(run.windows, partial(_rank_phase, phase=phase))
+        elif run.stats.with_rank_phases:
+            ranks = run.stats.rank_phases_s.get(phase, [])
         out.append(
             {
                 "schema": schema.TABLE_SCHEMA,
@@ -377,8 +341,8 @@ def phase_rows(run: RunData, row: Row) -> list[Row]:
                 "nodes": row["nodes"],
                 "phase": phase,
                 "mean_s": means[phase],
-                "p50_s": percentile(values, 50),
-                "p90_s": percentile(values, 90),
+                "p50_s": run.stats.phase_p50_s.get(phase),
+                "p90_s": run.stats.phase_p90_s.get(phase),
                 "share_fraction": ratio(means[phase], total),
                 "rank_min_s": min(ranks) if ranks else None,
                 "rank_max_s": max(ranks) if ranks else None,

@@ -81,7 +81,7 @@ def test_truncated_last_line_and_malformed_lines_are_skipped_with_notes(tmp_path
     text = "\n".join(lines) + "\n" + lines[-1][: len(lines[-1]) // 2]  # cut mid-record
     (path / "metrics.jsonl").write_text(text)
     run = read_run_dir(path)
-    assert len(run.windows) == 5  # steps 10..50, every complete valid record
+    assert run.stats.windows == 5  # steps 10..50, every complete valid record
     assert "metrics.jsonl: last line truncated (skipped)" in run.notes
     assert "metrics.jsonl: 2 malformed record(s) skipped" in run.notes
     assert run.state == schema.INCOMPLETE
@@ -91,7 +91,7 @@ def test_complete_last_line_without_newline_is_kept(tmp_path):
     path = write_run_dir(tmp_path / "n", _run())
     (path / "metrics.jsonl").write_text((path / "metrics.jsonl").read_text().rstrip("\n"))
     run = read_run_dir(path)
-    assert len(run.windows) == 10
+    assert run.stats.windows == 10
     assert not run.notes
 
 
@@ -193,12 +193,14 @@ def test_rank_array_skipping_keeps_every_other_field():
         "step": 5,
     }
     for separators in ((",", ":"), (", ", ": ")):
-        line = json.dumps(record, separators=separators)
+        line = json.dumps(record, separators=separators).encode()
         parsed = json.loads(_without_rank_arrays(line))
-        assert parsed == {k: v for k, v in record.items() if k != "rank_phases_s"}
+        assert parsed == {**record, "rank_phases_s": 0}
     plain = {**record, "rank_step_s": [0.1, 0.2]}
-    parsed = json.loads(_without_rank_arrays(json.dumps(plain)))
-    assert parsed == {k: v for k, v in plain.items() if not k.startswith("rank_")}
+    parsed = json.loads(_without_rank_arrays(json.dumps(plain).encode() + b"\n" * 2))
+    assert parsed == {**plain, "rank_step_s": 0, "rank_phases_s": 0}
+    nested = {**record, "rank_phases_s": {"forward": {"mean": [0.1]}}}  # not plain: kept
+    assert json.loads(_without_rank_arrays(json.dumps(nested).encode())) == nested
 
 
 def test_per_rank_figures_agree_from_run_json_and_from_records(tmp_path):
@@ -209,7 +211,7 @@ def test_per_rank_figures_agree_from_run_json_and_from_records(tmp_path):
     del summary["rank_phases_s"], summary["samples_per_s_per_rank"]
     (path / "run.json").write_text(json.dumps(summary))
     slow_run = read_run_dir(path)
-    assert slow_run.windows[0].rank_step_s  # the arrays were read this time
+    assert slow_run.stats.rank_step_s  # the arrays were read this time
     slow = build_tables_for(slow_run)
     assert fast.runs[0]["straggler_spread_fraction"] == pytest.approx(0.3, rel=1e-9)
     assert slow.runs[0]["straggler_spread_fraction"] == pytest.approx(0.3, rel=1e-9)
@@ -236,4 +238,4 @@ def test_resumed_attempt_without_marker_extends_the_summary_segments(tmp_path):
         (1, 60, 80, "incomplete"),
     ]
     assert run.segments[1].wall_s == pytest.approx(20 * 0.05)
-    assert run.windows[-1].rank_step_s  # unfinished: the records' per-rank arrays are read
+    assert run.stats.rank_step_s  # unfinished: the records' per-rank arrays are read

@@ -1,0 +1,151 @@
+"""A per-run cache of what the collector read: collecting a sweep again (while it runs, or after
+one more point finished) re-reads only the run directories whose files changed.
+
+One file, ``<source>/.cache/collect.jsonl``: a header line, then one line per run directory,
+``[path, signature] TAB run``. The signature holds the size, modification time (ns) and inode
+of each file the reader opens, and the run's manifest point (its state decides the row's state
+too); the run is the :class:`RunData` read then, its float arrays base64-packed. A line whose
+signature differs from the run's files now is read again; a cache written by another version
+is ignored. Writing it is best effort (a read-only sweep directory is collected without one).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from array import array
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from kfac_hpc import __version__
+from kfac_hpc.analysis.aggregate import WindowStats
+from kfac_hpc.analysis.rundir import EvalPoint, RunData, Segment, new_run
+from kfac_hpc.atomic_write import write_text_atomic
+
+JSON = dict[str, Any]
+CACHE_DIR = ".cache"
+CACHE_FILE = "collect.jsonl"
+# Every file read_run_dir opens in a run directory.
+RUN_FILES = ("config.json", "run.json", "metrics.jsonl", "done", "error", "preempted")
+_HEADER = json.dumps(
+    {"cache": "collect", "version": 1, "kfac_hpc": __version__, "byteorder": sys.byteorder}
+)
+_ARRAYS = ("step_s", "wall_s", "loss")
+_INT_KEYED = ("compute_by_attempt", "spans")
+
+
+def signature(path: Path, point: JSON | None) -> str:
+    """What must be unchanged for a cached read of ``path`` to stand."""
+    files: list[Any] = []
+    for name in RUN_FILES:
+        try:
+            st = os.stat(path / name)
+        except OSError:  # absent (or path is no directory)
+            files.append(None)
+            continue
+        files.append((st.st_size, st.st_mtime_ns, st.st_ino))
+    return json.dumps([path.is_dir(), files, point], sort_keys=True, default=str)
+
+
+def _encode_stats(stats: WindowStats) -> JSON:
+    out: JSON = {}
+    for f in fields(stats):
+        value = getattr(stats, f.name)
+        if f.name in _ARRAYS:
+            value = base64.b64encode(value.tobytes()).decode("ascii")
+        elif f.name in _INT_KEYED:
+            value = list(value.items())
+        out[f.name] = value
+    return out
+
+
+def _decode_stats(data: JSON) -> WindowStats:
+    values = dict(data)
+    for name in _ARRAYS:
+        column = array("d")
+        column.frombytes(base64.b64decode(data[name]))
+        values[name] = column
+    for name in _INT_KEYED:
+        values[name] = {int(k): v for k, v in data[name]}
+    return WindowStats(**values)
+
+
+def encode(run: RunData) -> str:
+    """The file-derived parts of ``run`` as one JSON line (no newline)."""
+    return json.dumps(
+        {
+            "run_id": run.run_id,
+            "state": run.state,
+            "reason": run.reason,
+            "config": run.config,
+            "summary": run.summary,
+            "notes": run.notes,
+            "evals": [list(vars_of(e)) for e in run.evals],
+            "segments": [list(vars_of(s)) for s in run.segments],
+            "stats": _encode_stats(run.stats),
+        },
+        separators=(",", ":"),
+    )
+
+
+def vars_of(item: EvalPoint | Segment) -> tuple[Any, ...]:
+    """The fields of a slotted record, in declaration order."""
+    return tuple(getattr(item, f.name) for f in fields(item))
+
+
+def decode(text: str, path: Path, point: JSON | None) -> RunData:
+    """The :class:`RunData` of an :func:`encode` line, with ``path`` and its manifest point."""
+    data = json.loads(text)
+    run = new_run(path, point)
+    run.run_id, run.state, run.reason = data["run_id"], data["state"], data["reason"]
+    run.config, run.summary, run.notes = data["config"], data["summary"], data["notes"]
+    run.evals = [EvalPoint(*e) for e in data["evals"]]
+    run.segments = [Segment(*s) for s in data["segments"]]
+    run.stats = _decode_stats(data["stats"])
+    return run
+
+
+class RunCache:
+    """The cache of one source directory: :meth:`lookup` before reading, :meth:`save` after."""
+
+    def __init__(self, source: Path) -> None:
+        self.path = source / CACHE_DIR / CACHE_FILE
+        self._old: dict[str, tuple[str, str]] = {}  # run path -> (signature, line)
+        self._new: list[str] = []
+        try:
+            lines = self.path.read_text(encoding="utf-8").split("\n")
+        except (OSError, UnicodeDecodeError):
+            return
+        if lines[0] != _HEADER:
+            return
+        for line in lines[1:]:
+            head, tab, _ = line.partition("\t")
+            if tab:
+                key, sig = json.loads(head)
+                self._old[key] = (sig, line)
+
+    def lookup(self, path: Path, point: JSON | None) -> tuple[RunData | None, str]:
+        """(the cached run or None, the signature of its files now)."""
+        sig = signature(path, point)
+        hit = self._old.get(str(path))
+        if hit is None or hit[0] != sig:
+            return None, sig
+        line = hit[1]
+        self._new.append(line)
+        return decode(line.partition("\t")[2], path, point), sig
+
+    def add(self, run: RunData, sig: str, encoded: str) -> None:
+        """Remember a fresh read of ``run`` (``encoded`` by :func:`encode`)."""
+        self._new.append(json.dumps([str(run.path), sig]) + "\t" + encoded)
+
+    def save(self) -> None:
+        """Write the runs looked up or added since loading; silently skipped when the
+        directory is not writable."""
+        try:
+            self.path.parent.mkdir(exist_ok=True)
+            write_text_atomic(self.path, "\n".join([_HEADER, *self._new]) + "\n")
+        except OSError:
+            pass
