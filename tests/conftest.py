@@ -91,6 +91,17 @@ def hdf5_tools() -> None:
         pytest.skip(f"{', '.join(missing)} not installed")
 
 
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's headless Chromium; a failure instead of a skip under `make test`/CI."""
+    path = shutil.which("chromium")
+    if path is None:
+        if _must_not_skip():
+            pytest.fail("chromium missing: install it (make sysdeps)")
+        pytest.skip("chromium not installed")
+    return path
+
+
 def _slurm_reachable() -> str | None:
     """None when the local cluster answers, else why not."""
     if shutil.which("sinfo") is None:

@@ -41,7 +41,8 @@ def time_unit(values: Iterable[float | None]) -> tuple[str, float]:
 class Column:
     """A column for people: the row key, its title, and its kind: ``text``, ``count``,
     ``time`` (seconds in the data, shown in the fitting unit), ``percent`` (a fraction in the
-    data), ``rate`` (samples/s), ``ratio`` (dimensionless, e.g. speedup) or ``accuracy``."""
+    data), ``rate`` (samples/s), ``ratio`` (dimensionless, e.g. speedup), ``accuracy`` (a
+    fraction, shown in %) or ``number`` (3 significant digits, no unit)."""
 
     key: str
     title: str
@@ -51,6 +52,8 @@ class Column:
 def _cell(value: Any, kind: str, scale: float) -> str:
     if value is None or value == "":
         return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if kind == "text" or isinstance(value, bool) or not isinstance(value, int | float):
         return str(value)
     if kind == "count":

@@ -17,10 +17,13 @@ matplotlib.use("Agg")  # before pyplot: headless login and compute nodes have no
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
 from kfac_hpc.analysis import schema
+from kfac_hpc.analysis.humanize import sig3, time_unit
 from kfac_hpc.analysis.rundir import RunData
+from kfac_hpc.analysis.summary import short_labels
 
 Row = dict[str, Any]
 DPI = 110
@@ -29,7 +32,7 @@ DPI = 110
 def _save(fig: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")  # legends outside the axes included
     plt.close(fig)
     return path
 
@@ -52,8 +55,9 @@ def _log2_nodes(ax: Axes, nodes: Sequence[float]) -> None:
 
 
 def _legend(ax: Axes) -> None:
+    """The legend right of the axes, where it covers no data."""
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="x-small", loc="best")
+        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0)
 
 
 def _lines_with_bands(
@@ -62,10 +66,11 @@ def _lines_with_bands(
     """One line per group of ``column`` vs nodes with its min-max band; returns every node count
     plotted. A missing band edge falls back to the line's value."""
     all_nodes: list[float] = []
+    labels = short_labels(list(groups))
     for group, cells in groups.items():
         nodes = [c["nodes"] for c in cells]
         all_nodes += nodes
-        (line,) = ax.plot(nodes, [c[column] for c in cells], marker="o", label=group)
+        (line,) = ax.plot(nodes, [c[column] for c in cells], marker="o", label=labels[group])
         low = [c[band[0]] if c[band[0]] is not None else c[column] for c in cells]
         high = [c[band[1]] if c[band[1]] is not None else c[column] for c in cells]
         ax.fill_between(nodes, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
@@ -82,7 +87,7 @@ def _scaling_plot(
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     all_nodes = _lines_with_bands(ax, groups, column, band)
     if column != "speedup":  # linear scaling from each group's smallest node count
-        for (group, cells), line in zip(groups.items(), ax.get_lines(), strict=True):
+        for cells, line in zip(groups.values(), ax.get_lines(), strict=True):
             nodes = [c["nodes"] for c in cells]
             ax.plot(
                 nodes,
@@ -90,7 +95,7 @@ def _scaling_plot(
                 linestyle="--",
                 color=line.get_color(),
                 alpha=0.6,
-                label="ideal" if len(groups) == 1 else f"ideal ({group})",
+                label="ideal (dashed)" if line is ax.get_lines()[0] else "_nolegend_",
             )
     if column == "speedup":  # ideal n / n0 is the same line for every group with that n0
         for n0 in sorted({cells[0]["nodes"] for cells in groups.values()}):
@@ -135,7 +140,7 @@ def efficiency_plot(scaling: list[Row], path: Path) -> Path | None:
     ax.axhline(1.0, linestyle="--", color="grey", label="ideal")
     _log2_nodes(ax, all_nodes)
     ax.set_ylim(bottom=0)
-    ax.set_ylabel("efficiency (strong: S/p, weak: t(n0)/t(n))")
+    ax.set_ylabel("efficiency (fraction; strong: S/p, weak: t(n0)/t(n))")
     ax.set_title("Scaling efficiency vs nodes")
     _legend(ax)
     return _save(fig, path)
@@ -152,55 +157,65 @@ def phase_bars(scaling: list[Row], path: Path) -> Path | None:
         f"n={c['nodes']:g}\n{c['optimizer_label']}" + (f"\n{c['group'][:24]}" if many else "")
         for c in cells
     ]
-    fig, ax = plt.subplots(figsize=(max(6.4, 0.9 * len(cells) + 2), 4.8))
+    unit, scale = time_unit(c.get(f"phase_{p}_s_median") for c in cells for p in schema.PHASES)
+    fig, ax = plt.subplots(figsize=(min(14.0, max(6.4, 0.9 * len(cells) + 2)), 4.8))
     bottom = [0.0] * len(cells)
     colors = plt.get_cmap("tab20").colors  # type: ignore[attr-defined]
     for i, phase in enumerate(schema.PHASES):
-        heights = [c.get(f"phase_{phase}_s_median") or 0.0 for c in cells]
+        heights = [(c.get(f"phase_{phase}_s_median") or 0.0) / scale for c in cells]
         if not any(heights):
             continue
         ax.bar(range(len(cells)), heights, bottom=bottom, label=phase, color=colors[i % 20])
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     ax.set_xticks(range(len(cells)), labels, fontsize="x-small")
-    ax.set_ylabel("seconds per step (median over repeats)")
+    handles, names = ax.get_legend_handles_labels()
+    ax.set_ylabel(f"time per step ({unit}, median over repeats)")
     ax.set_title("Where the step time goes")
-    ax.legend(fontsize="x-small", bbox_to_anchor=(1.01, 1), loc="upper left")
+    ax.legend(
+        handles[::-1], names[::-1], fontsize="x-small", bbox_to_anchor=(1.02, 1), loc="upper left"
+    )  # top to bottom, as stacked
     return _save(fig, path)
 
 
 def curves_plot(runs: list[RunData], rows: list[Row], path: Path) -> Path | None:
-    """Training loss and eval accuracy vs wall time, one line per run, a colour per group."""
+    """Training loss and eval accuracy vs wall time, one line per run: a colour per
+    configuration, a line style per node count (the legend lists each once)."""
     if not any(run.stats.windows or run.evals for run in runs):
         return None
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
-    colors: dict[str, Any] = {}
     cycle = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]
     styles = ["-", "--", ":", "-."]
+    labels = short_labels(sorted({str(r["group"]) for r in rows}))
+    colors = {g: cycle[i % len(cycle)] for i, g in enumerate(labels)}
     node_counts = sorted({r["nodes"] for r in rows if isinstance(r["nodes"], int | float)})
+    style_of: dict[Any, Any] = {n: styles[i % len(styles)] for i, n in enumerate(node_counts)}
     for run, row in zip(runs, rows, strict=True):
-        color = colors.setdefault(row["group"], cycle[len(colors) % len(cycle)])
-        style = styles[node_counts.index(row["nodes"]) % 4] if row["nodes"] in node_counts else "-"
-        label = f"{row['group']} n={row['nodes']}"
+        color, style = colors[str(row["group"])], style_of.get(row["nodes"], "-")
         stats = run.stats
         losses = [(t, v) for t, v in zip(stats.wall_s, stats.loss, strict=True) if v == v]
         if losses:
-            loss_ax.plot(*zip(*losses, strict=True), style, color=color, label=label, lw=1)
+            loss_ax.plot(*zip(*losses, strict=True), style, color=color, lw=1)
         accs = [(e.wall_s, e.accuracy) for e in run.evals if e.accuracy is not None]
         if accs:
-            acc_ax.plot(*zip(*accs, strict=True), style, color=color, label=label, lw=1, marker=".")
-    for ax, name in ((loss_ax, "training loss"), (acc_ax, "eval accuracy")):
+            acc_ax.plot(*zip(*accs, strict=True), style, color=color, lw=1, marker=".")
+    for ax, name in ((loss_ax, "training loss"), (acc_ax, "eval accuracy (fraction)")):
         ax.set_xlabel("wall time (s, running time)")
         ax.set_ylabel(name)
         ax.grid(True, alpha=0.3)
     targets = {r["target_accuracy"] for r in rows if r["target_accuracy"] is not None}
     for target in targets:
         acc_ax.axhline(target, color="grey", linestyle=":", lw=1)
-    handles, labels = acc_ax.get_legend_handles_labels()
-    if not handles:
-        handles, labels = loss_ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))
-    if unique and len(unique) <= 16:
-        acc_ax.legend(unique.values(), unique.keys(), fontsize="xx-small", loc="lower right")
+    handles = [Line2D([], [], color=colors[g], label=labels[g]) for g in labels]
+    if len(node_counts) > 1:
+        handles += [
+            Line2D([], [], color="black", linestyle=style_of[n], label=f"{n:g} node(s)")
+            for n in node_counts
+        ]
+    if targets:
+        handles.append(Line2D([], [], color="grey", linestyle=":", label="target accuracy"))
+    acc_ax.legend(  # right of the plots, where it covers no curve
+        handles=handles, fontsize="x-small", loc="upper left", bbox_to_anchor=(1.02, 1)
+    )
     fig.suptitle("Convergence vs wall time")
     return _save(fig, path)
 
@@ -218,7 +233,9 @@ def step_time_plot(runs: list[RunData], rows: list[Row], path: Path) -> Path | N
     ax.boxplot([samples[k] for k in keys], whis=(5, 95), showfliers=True)
     ax.set_xticks(range(1, len(keys) + 1), [f"n={n:g}\n{o}" for n, o in keys], fontsize="x-small")
     ax.set_yscale("log")
-    ax.set_ylabel("step time (s), whiskers 5-95 %")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: sig3(value * 1e3)))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: sig3(value * 1e3)))
+    ax.set_ylabel("step time (ms, log scale), whiskers 5-95 %")
     ax.set_title("Step-time distribution per node count")
     ax.grid(True, axis="y", alpha=0.3)
     return _save(fig, path)

@@ -1,7 +1,10 @@
 """``report.md`` and a self-contained ``report.html`` (plots embedded as base64 PNG).
 
 The report is a list of blocks (headings, paragraphs, tables, images) rendered twice, so the
-Markdown and the HTML always say the same thing.
+Markdown and the HTML always say the same thing. It reads top-down in one minute: the summary
+(:mod:`kfac_hpc.analysis.summary`), the plots, then tables for people (titles with units,
+3 significant digits: :mod:`kfac_hpc.analysis.humanize`). A section without data is one line
+saying why. The machine-readable tables are the files under ``tables/``.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from typing import Any
 
 from kfac_hpc.analysis import plots, schema
 from kfac_hpc.analysis.collect import Collection
-from kfac_hpc.analysis.compare import COMPARE_COLUMNS
-from kfac_hpc.analysis.output import Tables, cell_text
+from kfac_hpc.analysis.humanize import Column, render_columns, time_unit
+from kfac_hpc.analysis.output import Tables
+from kfac_hpc.analysis.summary import short_labels, summary_sentences
 
 Row = dict[str, Any]
 
@@ -33,42 +37,11 @@ SCALING_VIEW = (
     "weak_efficiency",
     "karp_flatt_serial_fraction",
 )
-TIME_VIEW = (
-    "group",
-    "nodes",
-    "target_reached",
-    "time_to_target_s_median",
-    "time_to_target_s_min",
-    "time_to_target_s_max",
-    "kfac_vs_first_order_tts_ratio",
-    "final_accuracy_median",
-)
-PHASE_VIEW = (
-    "group",
-    "nodes",
-    "step_mean_s_median",
-    "comm_fraction_median",
-    "straggler_spread_fraction_median",
-)
-RUNS_VIEW = (
-    "run_id",
-    "state",
-    "group",
-    "nodes",
-    "world_size",
-    "segments",
-    "samples_per_s",
-    "time_to_target_s",
-    "wall_s",
-    "compute_s",
-    "reason",
-)
-SEGMENTS_VIEW = ("run_id", "segment", "start_step", "end_step", "wall_s", "compute_s", "end")
 PLOTS: tuple[tuple[str, str], ...] = (
     ("throughput", "Throughput vs nodes (log-2 axes, median with min-max band, dashed: ideal)"),
     ("speedup", "Speedup over the smallest node count (dashed: ideal n/n0)"),
     ("efficiency", "Parallel / weak-scaling efficiency vs nodes"),
-    ("phases", "Per-phase step time per node count and optimizer"),
+    ("phases", "Where the step time goes: per-phase time per step, stacked"),
     ("curves", "Loss and accuracy vs wall time per configuration"),
     ("step_time", "Step-time distribution per node count"),
 )
@@ -84,15 +57,70 @@ DEFINITIONS = (
 )
 
 
+# Above this many columns the per-phase table turns: phases become its rows.
+MAX_COLUMNS = 8
+CONFIG = Column("label", "configuration")
+NODES = Column("nodes", "nodes", "count")
+SCALING_TABLE = (
+    CONFIG,
+    NODES,
+    Column("runs", "runs", "count"),
+    Column("samples_per_s_median", "throughput", "rate"),
+    Column("speedup", "speedup", "ratio"),
+    Column("efficiency", "efficiency", "percent"),
+    Column("karp_flatt_serial_fraction", "serial fraction", "percent"),
+)
+TIME_TABLE = (
+    CONFIG,
+    NODES,
+    Column("target_reached", "reached"),
+    Column("time_to_target_s_median", "time to target", "time"),
+    Column("kfac_speedup", "K-FAC speedup", "ratio"),
+    Column("final_accuracy_median", "final accuracy", "accuracy"),
+)
+STEP_TABLE = (
+    CONFIG,
+    NODES,
+    Column("step_mean_s_median", "step", "time"),
+    Column("comm_fraction_median", "communication", "percent"),
+    Column("straggler_spread_fraction_median", "straggler spread", "percent"),
+)
+RUNS_TABLE = (
+    Column("run_id", "point"),
+    Column("state", "state"),
+    CONFIG,
+    NODES,
+    Column("segments", "attempts", "count"),
+    Column("samples_per_s", "throughput", "rate"),
+    Column("time_to_target_s", "time to target", "time"),
+    Column("wall_s", "wall time", "time"),
+    Column("reason", "why not done"),
+)
+SEGMENTS_TABLE = (
+    Column("run_id", "point"),
+    Column("segment", "attempt", "count"),
+    Column("start_step", "from step", "count"),
+    Column("end_step", "to step", "count"),
+    Column("wall_s", "wall time", "time"),
+    Column("end", "ended"),
+)
+
+
 @dataclass(frozen=True)
 class Block:
-    """One element of the report: ``kind`` is heading, text, table or image."""
+    """One element of the report: ``kind`` is heading, summary, text, table or image; a
+    table's ``titles`` and ``cells`` are already formatted for people."""
 
     kind: str
     text: str = ""
-    rows: Sequence[Row] = ()
-    columns: Sequence[str] = ()
+    titles: Sequence[str] = ()
+    cells: Sequence[Sequence[str]] = ()
     path: Path | None = None
+
+
+def _table(rows: Sequence[Row], columns: Sequence[Column], title: str = "") -> Block:
+    titles, cells = render_columns(rows, columns)
+    return Block("table", title, titles=titles, cells=cells)
 
 
 def _plots(collection: Collection, tables: Tables, img_dir: Path) -> dict[str, Path | None]:
@@ -119,6 +147,63 @@ def _state_summary(tables: Tables) -> str:
     return f"{len(tables.runs)} point(s): " + ", ".join(parts) + "."
 
 
+def _labelled(rows: Sequence[Row], labels: dict[str, str]) -> list[Row]:
+    """``rows`` with a short ``label`` per group, the efficiency of either kind, and K-FAC's
+    time-to-target speedup (first-order time over K-FAC time)."""
+    out = []
+    for row in rows:
+        ratio = row.get("kfac_vs_first_order_tts_ratio")
+        out.append(
+            {
+                **row,
+                "label": labels.get(row.get("group") or "", row.get("group")),
+                "efficiency": row.get("parallel_efficiency") or row.get("weak_efficiency"),
+                "kfac_speedup": 1 / ratio if ratio else None,
+            }
+        )
+    return out
+
+
+def _phase_blocks(scaling: list[Row]) -> list[Block]:
+    """Per-step time of each phase: configurations as rows, or phases as rows when that
+    table would be narrower than one with more than :data:`MAX_COLUMNS` columns."""
+    phases = [p for p in schema.PHASES if any(r.get(f"phase_{p}_s_median") for r in scaling)]
+    cells = [r for r in scaling if any(r.get(f"phase_{p}_s_median") for p in phases)]
+    if not cells:
+        return [Block("text", "No finished run recorded per-phase times.")]
+    if len(phases) + 2 <= MAX_COLUMNS or len(cells) + 1 >= len(phases) + 2:
+        columns = [
+            CONFIG,
+            NODES,
+            *(Column(f"phase_{p}_s_median", p.replace("_", " "), "time") for p in phases),
+        ]
+        return [_table(cells, columns, "Time per step of each phase (median over repeats)")]
+    # Turned: one row per phase, one column per (configuration, node count), one unit for all.
+    unit, scale = time_unit(c.get(f"phase_{p}_s_median") for c in cells for p in phases)
+    keys = [f"c{i}" for i in range(len(cells))]
+    rows = [
+        {
+            "phase": p,
+            **{
+                k: _scaled(c.get(f"phase_{p}_s_median"), scale)
+                for k, c in zip(keys, cells, strict=True)
+            },
+        }
+        for p in phases
+    ]
+    columns = [Column("phase", "phase")]
+    columns += [
+        Column(k, f"{c['label']} ×{c['nodes']:g}", "number")
+        for k, c in zip(keys, cells, strict=True)
+    ]
+    caption = f"Time per step of each phase ({unit}, median over repeats; ×n: n nodes)"
+    return [_table(rows, columns, caption)]
+
+
+def _scaled(value: float | None, scale: float) -> float | None:
+    return None if value is None else value / scale
+
+
 def build_blocks(
     collection: Collection,
     tables: Tables,
@@ -126,65 +211,82 @@ def build_blocks(
     comparison: list[Row] | None,
     baseline: Path | None,
 ) -> list[Block]:
-    """The report's content, in order."""
-    kfac = [r for r in tables.scaling if r["kfac_vs_first_order_tts_ratio"] is not None]
+    """The report's content, in order: summary, plots, tables."""
+    labels = short_labels(sorted({str(r["group"]) for r in tables.runs}))
+    scaling = _labelled(tables.scaling, labels)
+    runs = _labelled(tables.runs, labels)
     blocks = [
         Block("heading", f"Scaling report: {collection.name}"),
+        Block("summary", " ".join(summary_sentences(tables.scaling, tables.runs))),
         Block("text", f"Source: `{collection.source}`. {_state_summary(tables)}"),
-        Block("heading", "Scaling"),
-        Block("table", rows=tables.scaling, columns=SCALING_VIEW),
-        Block("heading", "Time to target accuracy"),
-        Block("table", rows=tables.scaling, columns=TIME_VIEW),
+        Block("heading", "Plots"),
     ]
-    if kfac:
-        best = min(kfac, key=lambda r: r["kfac_vs_first_order_tts_ratio"])
-        blocks.append(
-            Block(
-                "text",
-                f"Best K-FAC time-to-solution ratio: {best['kfac_vs_first_order_tts_ratio']:.3g} "
-                f"({best['group']}, {best['nodes']} node(s)).",
-            )
-        )
-    phase_columns = [
-        f"phase_{p}_s_median"
-        for p in schema.PHASES
-        if any(row.get(f"phase_{p}_s_median") for row in tables.scaling)
-    ]
-    blocks += [
-        Block("heading", "Where the time goes"),
-        Block("table", rows=tables.scaling, columns=PHASE_VIEW),
-        Block("text", "Seconds per step of each phase (median over repeats):"),
-        Block("table", rows=tables.scaling, columns=("group", "nodes", *phase_columns)),
-    ]
-    if comparison is not None:
-        flagged = sum(1 for r in comparison if r["regression"])
-        blocks += [
-            Block("heading", "Comparison with baseline"),
-            Block("text", f"Baseline: `{baseline}`. {flagged} regression(s) flagged."),
-            Block("table", rows=comparison, columns=COMPARE_COLUMNS[1:]),
-        ]
-    blocks.append(Block("heading", "Plots"))
     for name, caption in PLOTS:
         path = images.get(name)
         if path is not None:
             blocks.append(Block("image", caption, path=path))
         else:
             blocks.append(Block("text", f"{caption}: no finished run to plot."))
+    blocks += [Block("heading", "Scaling"), _table(scaling, SCALING_TABLE)]
+    blocks.append(Block("heading", "Time to target accuracy"))
+    if all(r.get("target_accuracy") is None for r in tables.runs):
+        blocks.append(Block("text", "No target accuracy was set: pass `--target-accuracy`."))
+    elif not any(r.get("time_to_target_s") is not None for r in tables.runs):
+        blocks.append(Block("text", "No run reached its target accuracy."))
+    else:
+        blocks.append(_table(scaling, TIME_TABLE))
     blocks += [
-        Block("heading", "Every point"),
-        Block("table", rows=tables.runs, columns=RUNS_VIEW),
-        Block("heading", "Notes (problems worked around, sweep vs job mismatches)"),
-        Block("table", rows=[r for r in tables.runs if r["notes"]], columns=("run_id", "notes")),
-        Block("heading", "Segments (attempts)"),
-        Block("table", rows=tables.segments, columns=SEGMENTS_VIEW),
-        Block("heading", "Definitions"),
-        Block("text", DEFINITIONS),
+        Block("heading", "Where the time goes"),
+        _table(scaling, STEP_TABLE),
+        *_phase_blocks(scaling),
     ]
+    if comparison is not None:
+        flagged = [r for r in comparison if r["regression"]]
+        blocks += [
+            Block("heading", "Comparison with baseline"),
+            Block("text", f"Baseline: `{baseline}`. {len(flagged)} regression(s) flagged."),
+            _table(
+                [{**r, "metric": METRIC_NAMES.get(r["metric"], r["metric"])} for r in comparison],
+                COMPARE_TABLE,
+            ),
+        ]
+    blocks += [Block("heading", "Every point"), _table(runs, RUNS_TABLE)]
+    noted = [r for r in runs if r["notes"]]
+    blocks.append(Block("heading", "Notes"))
+    if noted:
+        blocks.append(_table(noted, (Column("run_id", "point"), Column("notes", "problem"))))
+    else:
+        blocks.append(Block("text", "No file problem was worked around."))
+    blocks.append(Block("heading", "Attempts"))
+    if any((r.get("segments") or 0) > 1 for r in tables.runs):
+        blocks.append(_table(tables.segments, SEGMENTS_TABLE))
+    else:
+        blocks.append(Block("text", "No point was requeued: each ran in one attempt."))
+    blocks += [Block("heading", "Definitions"), Block("text", DEFINITIONS)]
     return blocks
 
 
-def _md_cell(value: Any) -> str:
-    return cell_text(value).replace("|", "\\|").replace("\n", " ")
+METRIC_NAMES = {
+    "samples_per_s_median": "throughput (samples/s)",
+    "step_mean_s_median": "step time (s)",
+    "parallel_efficiency": "parallel efficiency",
+    "weak_efficiency": "weak-scaling efficiency",
+    "time_to_target_s_median": "time to target (s)",
+    "final_accuracy_median": "final accuracy",
+}
+COMPARE_TABLE = (
+    Column("group", "configuration"),
+    NODES,
+    Column("metric", "figure"),
+    Column("baseline", "baseline", "number"),
+    Column("current", "now", "number"),
+    Column("change_fraction", "change", "percent"),
+    Column("regression", "regression"),
+)
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def to_markdown(blocks: list[Block], base: Path) -> str:
@@ -195,62 +297,94 @@ def to_markdown(blocks: list[Block], base: Path) -> str:
         if block.kind == "heading":
             out.append(("# " if first else "## ") + block.text)
             first = False
-        elif block.kind == "text":
+        elif block.kind in ("text", "summary"):
             out.append(block.text)
         elif block.kind == "table":
-            if not block.rows:
-                out.append("(none)")
-                continue
-            lines = ["| " + " | ".join(block.columns) + " |"]
-            lines.append("|" + "---|" * len(block.columns))
-            lines += [
-                "| " + " | ".join(_md_cell(r.get(c)) for c in block.columns) + " |"
-                for r in block.rows
-            ]
-            out.append("\n".join(lines))
+            if block.text:
+                out.append(f"*{block.text}*")
+            lines = ["| " + " | ".join(_md_cell(t) for t in block.titles) + " |"]
+            lines.append("|" + "---|" * len(block.titles))
+            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in block.cells]
+            out.append("\n".join(lines) if block.cells else "(none)")
         elif block.kind == "image" and block.path is not None:
             out.append(f"![{block.text}]({block.path.relative_to(base).as_posix()})")
     return "\n\n".join(out) + "\n"
 
 
+# Fits 1280 px without a horizontal scroll bar: long words wrap, wide tables shrink their font
+# rather than overflow, figures scale down; printing drops the width limit and keeps each
+# figure and table row on one page.
 _CSS = (
-    "body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
-    "table{border-collapse:collapse;font-size:12px;margin:1em 0}"
-    "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}"
-    "th{background:#f0f0f0}img{max-width:100%}figcaption{font-size:13px;color:#444}"
+    "body{font-family:system-ui,sans-serif;max-width:1180px;margin:1.5em auto;padding:0 1em;"
+    "color:#222;line-height:1.4}"
+    "h1{font-size:1.6em;margin-bottom:.3em}h2{font-size:1.2em;margin-top:1.6em;"
+    "border-bottom:1px solid #ddd}"
+    "p.summary{font-size:1.08em;background:#f4f7fb;border-left:4px solid #4a78b0;"
+    "padding:.6em .9em}"
+    "table{border-collapse:collapse;font-size:13px;margin:.4em 0 1em;max-width:100%}"
+    "table.wide{font-size:11px}"
+    "caption{text-align:left;font-size:13px;color:#444;padding-bottom:.2em}"
+    "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right;overflow-wrap:anywhere}"
+    "td.t,th.t{text-align:left}th{background:#f0f0f0;font-weight:600;overflow-wrap:normal}"
+    "tr:nth-child(even) td{background:#fafafa}"
+    ".plots{display:grid;grid-template-columns:repeat(auto-fit,minmax(520px,1fr));gap:1em}"
+    "figure{margin:0}img{max-width:100%;height:auto}figcaption{font-size:13px;color:#444}"
+    "@media print{body{max-width:none;margin:0}figure,tr{break-inside:avoid}"
+    "h2{break-after:avoid}.plots{display:block}}"
 )
+
+
+def _html_table(block: Block) -> str:
+    if not block.cells:
+        return "<p>(none)</p>"
+    numeric = [
+        all(c[i] == "–" or c[i][:1].isdigit() or c[i][:1] == "-" for c in block.cells)
+        for i in range(len(block.titles))
+    ]
+    cls = ["" if n else ' class="t"' for n in numeric]
+    head = "".join(f"<th{c}>{html.escape(t)}</th>" for t, c in zip(block.titles, cls, strict=True))
+    rows = "".join(
+        "<tr>"
+        + "".join(f"<td{c}>{html.escape(v)}</td>" for v, c in zip(row, cls, strict=True))
+        + "</tr>"
+        for row in block.cells
+    )
+    wide = ' class="wide"' if len(block.titles) > MAX_COLUMNS else ""
+    caption = f"<caption>{html.escape(block.text)}</caption>" if block.text else ""
+    return f"<table{wide}>{caption}<tr>{head}</tr>{rows}</table>"
 
 
 def to_html(blocks: list[Block]) -> str:
     """The blocks as one HTML page with every image inlined (no external files)."""
     body: list[str] = []
     first = True
+    figures: list[str] = []
     for block in blocks:
+        if block.kind != "image" and figures:
+            body.append(f'<div class="plots">{"".join(figures)}</div>')
+            figures = []
         if block.kind == "heading":
             tag = "h1" if first else "h2"
             first = False
             body.append(f"<{tag}>{html.escape(block.text)}</{tag}>")
-        elif block.kind == "text":
-            body.append(f"<p>{html.escape(block.text.replace('`', ''))}</p>")
+        elif block.kind in ("text", "summary"):
+            cls = ' class="summary" id="summary"' if block.kind == "summary" else ""
+            body.append(f"<p{cls}>{html.escape(block.text.replace('`', ''))}</p>")
         elif block.kind == "table":
-            head = "".join(f"<th>{html.escape(c)}</th>" for c in block.columns)
-            rows = "".join(
-                "<tr>"
-                + "".join(f"<td>{html.escape(cell_text(r.get(c)))}</td>" for c in block.columns)
-                + "</tr>"
-                for r in block.rows
-            )
-            body.append(f"<table><tr>{head}</tr>{rows}</table>" if block.rows else "<p>(none)</p>")
+            body.append(_html_table(block))
         elif block.kind == "image" and block.path is not None:
             data = base64.b64encode(block.path.read_bytes()).decode("ascii")
-            body.append(
+            figures.append(
                 f'<figure><img alt="{html.escape(block.text)}" src="data:image/png;base64,{data}">'
                 f"<figcaption>{html.escape(block.text)}</figcaption></figure>"
             )
+    if figures:
+        body.append(f'<div class="plots">{"".join(figures)}</div>')
     title = html.escape(blocks[0].text if blocks else "report")
     return (
-        f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{title}</title>'
-        f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n"
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width,initial-scale=1"><title>{title}'
+        f"</title><style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n"
     )
 
 

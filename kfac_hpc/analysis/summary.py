@@ -40,9 +40,18 @@ def _best_per_node_count(scaling: list[Row], label: dict[str, str]) -> str | Non
             best[row["nodes"]] = row
     if not best:
         return None
+    ordered = sorted(best.items())
+    winners = {label[r["group"]] for _, r in ordered}
+    if len(winners) == 1 and len(ordered) > 1:
+        (n0, low), (n1, high) = ordered[0], ordered[-1]
+        return (
+            f"{winners.pop()} has the highest throughput at every node count, from "
+            f"{sig3(low['samples_per_s_median'])} samples/s at {_nodes(n0)} to "
+            f"{sig3(high['samples_per_s_median'])} at {_nodes(n1)}."
+        )
     parts = [
         f"{label[r['group']]} at {_nodes(n)} ({sig3(r['samples_per_s_median'])} samples/s)"
-        for n, r in sorted(best.items())
+        for n, r in ordered
     ]
     return "Highest throughput: " + "; ".join(parts) + "."
 
@@ -56,22 +65,36 @@ def _kfac_vs_first_order(scaling: list[Row], runs: list[Row]) -> str | None:
             "K-FAC and first-order time to target are not compared: no target accuracy was set "
             "(pass --target-accuracy)."
         )
-    ratios = [r for r in kfac if r.get("kfac_vs_first_order_tts_ratio")]
+    ratios = sorted(
+        (r for r in kfac if r.get("kfac_vs_first_order_tts_ratio")), key=lambda r: r["nodes"]
+    )
     if not ratios:
         return (
             "K-FAC and first-order time to target are not compared: at no node count did both "
             "reach the target accuracy."
         )
-    parts = []
-    for r in sorted(ratios, key=lambda r: r["nodes"]):
-        speedup = 1 / r["kfac_vs_first_order_tts_ratio"]
-        parts.append(f"{sig3(speedup)}× at {_nodes(r['nodes'])}")
     first = str(ratios[0]["optimizer_label"]).split("+")[0].upper()
+    faster = [r for r in ratios if r["kfac_vs_first_order_tts_ratio"] <= 1]
+    slower = [r for r in ratios if r["kfac_vs_first_order_tts_ratio"] > 1]
+    parts = [
+        f"{word} at {_node_list(rows)} ({', '.join(_speedup(r) for r in rows)})"
+        for word, rows in (("faster", faster), ("slower", slower))
+        if rows
+    ]
     return (
-        f"K-FAC reaches the target accuracy faster than {first} alone by "
-        + ", ".join(parts)
-        + " (first-order time over K-FAC time; above 1× K-FAC is faster)."
+        f"K-FAC reaches the target accuracy {' and '.join(parts)} than {first} "
+        "(first-order time over K-FAC time)."
     )
+
+
+def _speedup(row: Row) -> str:
+    return f"{sig3(1 / row['kfac_vs_first_order_tts_ratio'])}×"
+
+
+def _node_list(rows: list[Row]) -> str:
+    counts = sorted({f"{r['nodes']:g}" for r in rows}, key=float)
+    listed = counts[0] if len(counts) == 1 else ", ".join(counts[:-1]) + " and " + counts[-1]
+    return listed + (" node" if counts == ["1"] else " nodes")
 
 
 def _efficiency(scaling: list[Row], label: dict[str, str]) -> str | None:

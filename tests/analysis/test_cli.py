@@ -109,7 +109,7 @@ def test_report_holds_every_point_plot_and_requeue(tmp_path):
     assert_report_complete(tmp_path, requeued={"kfac-n2-s1"})
     markdown = (tmp_path / "report" / "report.md").read_text()
     assert "error: synthetic failure" in markdown
-    assert "Best K-FAC time-to-solution ratio" in markdown
+    assert "K-FAC reaches the target accuracy" in markdown
 
 
 def test_report_with_no_finished_run_still_writes_report(tmp_path):
