@@ -112,6 +112,7 @@ class RunCache:
     """The cache of one source directory: :meth:`lookup` before reading, :meth:`save` after."""
 
     def __init__(self, source: Path) -> None:
+        self.source = source
         self.path = source / CACHE_DIR / CACHE_FILE
         self._old: dict[str, tuple[str, str]] = {}  # run path -> (signature, line)
         self._new: list[str] = []
@@ -130,7 +131,7 @@ class RunCache:
     def lookup(self, path: Path, point: JSON | None) -> tuple[RunData | None, str]:
         """(the cached run or None, the signature of its files now)."""
         sig = signature(path, point)
-        hit = self._old.get(str(path))
+        hit = self._old.get(self._key(path))
         if hit is None or hit[0] != sig:
             return None, sig
         line = hit[1]
@@ -139,7 +140,15 @@ class RunCache:
 
     def add(self, run: RunData, sig: str, encoded: str) -> None:
         """Remember a fresh read of ``run`` (``encoded`` by :func:`encode`)."""
-        self._new.append(json.dumps([str(run.path), sig]) + "\t" + encoded)
+        self._new.append(json.dumps([self._key(run.path), sig]) + "\t" + encoded)
+
+    def _key(self, path: Path) -> str:
+        """``path`` relative to the source when inside it: the same run whichever way the
+        source is spelt (relative, absolute, through a link)."""
+        try:
+            return path.relative_to(self.source).as_posix()
+        except ValueError:
+            return str(path)
 
     def save(self) -> None:
         """Write the runs looked up or added since loading; silently skipped when the

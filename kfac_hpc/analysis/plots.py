@@ -157,7 +157,9 @@ def phase_bars(scaling: list[Row], path: Path) -> Path | None:
         f"n={c['nodes']:g}\n{c['optimizer_label']}" + (f"\n{c['group'][:24]}" if many else "")
         for c in cells
     ]
-    unit, scale = time_unit(c.get(f"phase_{p}_s_median") for c in cells for p in schema.PHASES)
+    unit, scale = time_unit(  # the unit of the bars' heights
+        sum(c.get(f"phase_{p}_s_median") or 0.0 for p in schema.PHASES) for c in cells
+    )
     fig, ax = plt.subplots(figsize=(min(14.0, max(6.4, 0.9 * len(cells) + 2)), 4.8))
     bottom = [0.0] * len(cells)
     colors = plt.get_cmap("tab20").colors  # type: ignore[attr-defined]

@@ -1,6 +1,6 @@
 """Run directories written by the real job (``kfac-hpc train`` on digits, one process each):
-collected they agree with the job's own run.json, and a preempted-then-resumed run is one
-run with two segments."""
+collected they agree with the job's own run.json, a preempted-then-resumed run is one run with
+two segments, and their report reads well in headless Chromium at 1280 px."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 from kfac_hpc.analysis.collect import collect
 from kfac_hpc.analysis.output import build_tables
+from tests.analysis.browser import assert_reads_well, measure
 from tests.analysis.checks import assert_plot, run_report
 from tests.conftest import clean_env
 
@@ -48,7 +49,7 @@ def _preempt_after_first_window(run_dir, *args, timeout=240):
     return proc.wait(timeout=timeout)
 
 
-def test_real_runs_collected_and_reported(tmp_path):
+def test_real_runs_collected_and_reported(tmp_path, chromium):
     runs = tmp_path / "runs"
     sgd = _train(runs / "sgd", "--no-kfac", "--steps", str(STEPS), "--target-accuracy", "0.5")
     assert sgd.returncode == 0, sgd.stderr
@@ -85,3 +86,6 @@ def test_real_runs_collected_and_reported(tmp_path):
     assert result.returncode == 0, result.stderr
     for name in ("throughput", "phases", "curves", "step_time"):
         assert_plot(runs / "report" / "img" / f"{name}.png")
+    facts = measure(runs / "report" / "report.html", chromium, tmp_path)
+    assert_reads_well(facts)
+    assert "1 requeued (kfac)" in facts["summary"]
