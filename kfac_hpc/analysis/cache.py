@@ -12,6 +12,7 @@ is ignored. Writing it is best effort (a read-only sweep directory is collected 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import sys
@@ -23,7 +24,6 @@ from typing import Any
 from kfac_hpc import __version__
 from kfac_hpc.analysis.aggregate import WindowStats
 from kfac_hpc.analysis.rundir import EvalPoint, RunData, Segment, new_run
-from kfac_hpc.atomic_write import write_text_atomic
 
 JSON = dict[str, Any]
 CACHE_DIR = ".cache"
@@ -34,20 +34,23 @@ _HEADER = json.dumps(
     {"cache": "collect", "version": 1, "kfac_hpc": __version__, "byteorder": sys.byteorder}
 )
 _ARRAYS = ("step_s", "wall_s", "loss")
+# run.json's per-rank lists (world size x phases numbers).
+_PER_RANK = ("rank_phases_s", "samples_per_s_per_rank")
 _INT_KEYED = ("compute_by_attempt", "spans")
 
 
 def signature(path: Path, point: JSON | None) -> str:
     """What must be unchanged for a cached read of ``path`` to stand."""
     files: list[Any] = []
+    base = os.fspath(path)
     for name in RUN_FILES:
         try:
-            st = os.stat(path / name)
+            st = os.stat(os.path.join(base, name))
         except OSError:  # absent (or path is no directory)
             files.append(None)
             continue
         files.append((st.st_size, st.st_mtime_ns, st.st_ino))
-    return json.dumps([path.is_dir(), files, point], sort_keys=True, default=str)
+    return json.dumps([os.path.isdir(base), files, point], default=str)
 
 
 def _encode_stats(stats: WindowStats) -> JSON:
@@ -73,6 +76,42 @@ def _decode_stats(data: JSON) -> WindowStats:
     return WindowStats(**values)
 
 
+def _pack(values: Any) -> Any:
+    """A list of floats as base64 of its doubles (exact, and parsed at C speed), else as is."""
+    if isinstance(values, list) and values and set(map(type, values)) == {float}:
+        return {"f8": base64.b64encode(array("d", values).tobytes()).decode("ascii")}
+    return values
+
+
+def _unpack(value: Any) -> Any:
+    if isinstance(value, dict) and len(value) == 1 and "f8" in value:
+        column = array("d")
+        column.frombytes(base64.b64decode(value["f8"]))
+        return column.tolist()
+    return value
+
+
+def _pack_summary(summary: JSON) -> JSON:
+    """run.json with its per-rank lists packed: they are most of its numbers."""
+    out = dict(summary)
+    for key, value in summary.items():
+        if key in _PER_RANK and isinstance(value, dict):
+            out[key] = {k: _pack(v) for k, v in value.items()}
+        elif key in _PER_RANK:
+            out[key] = _pack(value)
+    return out
+
+
+def _unpack_summary(summary: JSON) -> JSON:
+    for key in _PER_RANK:
+        value = summary.get(key)
+        if isinstance(value, dict) and "f8" not in value:
+            summary[key] = {k: _unpack(v) for k, v in value.items()}
+        elif value is not None:
+            summary[key] = _unpack(value)
+    return summary
+
+
 def encode(run: RunData) -> str:
     """The file-derived parts of ``run`` as one JSON line (no newline)."""
     return json.dumps(
@@ -81,7 +120,7 @@ def encode(run: RunData) -> str:
             "state": run.state,
             "reason": run.reason,
             "config": run.config,
-            "summary": run.summary,
+            "summary": _pack_summary(run.summary),
             "notes": run.notes,
             "evals": [list(vars_of(e)) for e in run.evals],
             "segments": [list(vars_of(s)) for s in run.segments],
@@ -101,7 +140,8 @@ def decode(text: str, path: Path, point: JSON | None) -> RunData:
     data = json.loads(text)
     run = new_run(path, point)
     run.run_id, run.state, run.reason = data["run_id"], data["state"], data["reason"]
-    run.config, run.summary, run.notes = data["config"], data["summary"], data["notes"]
+    run.config, run.notes = data["config"], data["notes"]
+    run.summary = _unpack_summary(data["summary"])
     run.evals = [EvalPoint(*e) for e in data["evals"]]
     run.segments = [Segment(*s) for s in data["segments"]]
     run.stats = _decode_stats(data["stats"])
@@ -153,8 +193,12 @@ class RunCache:
     def save(self) -> None:
         """Write the runs looked up or added since loading; silently skipped when the
         directory is not writable."""
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(exist_ok=True)
-            write_text_atomic(self.path, "\n".join([_HEADER, *self._new]) + "\n")
+            # No fsync: a cache lost in a crash is only read again.
+            tmp.write_text("\n".join([_HEADER, *self._new]) + "\n", encoding="utf-8")
+            os.replace(tmp, self.path)
         except OSError:
-            pass
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)

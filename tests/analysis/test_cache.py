@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 
 from kfac_hpc.analysis.cache import CACHE_DIR, CACHE_FILE
 from kfac_hpc.analysis.collect import collect
@@ -60,6 +61,9 @@ def test_second_collect_rereads_only_changed_runs(tmp_path, monkeypatch):
     assert len(reads) == 40 and (tmp_path / CACHE_DIR / CACHE_FILE).is_file()
     reads.clear()
     cached = build_tables(collect(tmp_path))
+    assert reads == []
+    monkeypatch.chdir(tmp_path.parent)
+    collect(Path(tmp_path.name))  # the same sweep, spelt relative: still cached
     assert reads == []
     assert cached == first == plain  # every table, every value
     metrics = tmp_path / "runs" / "r03" / "metrics.jsonl"
