@@ -183,7 +183,7 @@ def _phase_blocks(scaling: list[Row]) -> list[Block]:
     keys = [f"c{i}" for i in range(len(cells))]
     rows = [
         {
-            "phase": p,
+            "phase": p.replace("_", " "),
             **{
                 k: _scaled(c.get(f"phase_{p}_s_median"), scale)
                 for k, c in zip(keys, cells, strict=True)

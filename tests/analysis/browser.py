@@ -86,6 +86,19 @@ def screenshot(page: Path, png: Path, binary: str, work: Path, height: int = 160
     return png
 
 
+def print_pdf(page: Path, pdf: Path, binary: str, work: Path) -> bytes:
+    """``page`` printed to PDF by Chromium (the print stylesheet applies); the PDF's bytes."""
+    result = _chromium(
+        binary,
+        work / "profile-pdf",
+        "--no-pdf-header-footer",
+        f"--print-to-pdf={pdf}",
+        page.as_uri(),
+    )
+    assert pdf.is_file(), f"no PDF: {result.stderr[-2000:]}"
+    return pdf.read_bytes()
+
+
 def assert_reads_well(facts: dict[str, Any]) -> None:
     """No horizontal scroll at 1280 px, the summary first, no e-notation in visible text."""
     assert facts["scrollWidth"] <= facts["clientWidth"], (

@@ -4,9 +4,11 @@ configurations and node counts, all 12 phases, failed points with long reasons).
 
 from __future__ import annotations
 
+import re
+
 from kfac_hpc.analysis.schema import PHASES
 from kfac_hpc.analysis.synthetic import SyntheticRun, write_sweep
-from tests.analysis.browser import assert_reads_well, measure, screenshot
+from tests.analysis.browser import assert_reads_well, measure, print_pdf, screenshot
 from tests.analysis.checks import run_report
 
 
@@ -46,6 +48,9 @@ def test_wide_report_fits_1280_px_with_summary_first(tmp_path, chromium):
     assert "forward" in facts["text"] and "sgd-failed" in facts["text"]
     png = screenshot(page, tmp_path / "shot.png", chromium, tmp_path)
     assert png.stat().st_size > 20_000  # a rendered page, not a blank one
+    pdf = print_pdf(page, tmp_path / "report.pdf", chromium, tmp_path)
+    pages = re.findall(rb"/Type\s*/Page[^s]", pdf)
+    assert pdf.startswith(b"%PDF") and len(pages) >= 2, "the report does not print"
 
 
 def test_report_without_target_says_why_in_one_line(tmp_path, chromium):
