@@ -1,9 +1,10 @@
-"""Per-run aggregates of the ``kind: train`` records, accumulated while metrics.jsonl is read.
+"""Per-run aggregates of the ``kind: train`` records, folded as each metrics.jsonl is read.
 
 A 20-epoch run logs hundreds of windows; a sweep, hundreds of thousands. Keeping each window
-as an object costs about a kilobyte, so the reader folds every window into a
-:class:`WindowStats` instead: sums and per-rank means for the tables, and three flat float
-arrays (step time, wall time, loss: 8 bytes a window each) for the plots and percentiles.
+as an object costs about a kilobyte, so the reader folds a run's windows into a
+:class:`WindowStats` once its file is parsed: sums and per-rank means for the tables, the
+p50/p90 of each phase, and three flat float arrays (step time, wall time, loss: 8 bytes a
+window each) for the plots and step-time percentiles.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def _numbers(column: list[Any]) -> list[float] | None:
     return column if kinds == {float} else list(map(float, column))
 
 
-def _positive_ints(column: list[Any], floor: int) -> list[int]:
+def _ints_at_least(column: list[Any], floor: int) -> list[int]:
     """``column`` as ints >= ``floor`` (a missing or bad value becomes ``floor``)."""
     if set(map(type, column)) == {int} and min(column, default=floor) >= floor:
         return column
@@ -174,8 +175,8 @@ class WindowAccumulator:
             numeric = [_numbers([r.get(k) for r in records]) for k in ("step", "wall_s", "step_s")]
         steps_col, wall, step_s = (c or [] for c in numeric)
         step = list(map(int, steps_col))
-        window = _positive_ints([r.get("window_steps") for r in records], 1)
-        attempts = _positive_ints([r.get("attempt") for r in records], 0)
+        window = _ints_at_least([r.get("window_steps") for r in records], 1)
+        attempts = _ints_at_least([r.get("attempt") for r in records], 0)
         seconds = list(map(mul, step_s, window))
         s = self.stats
         s.windows, s.steps = len(records), sum(window)
