@@ -45,7 +45,9 @@ class SecondOrderMethod(ABC):
         """The state-dict keys of factor ``factor``'s ("A" or "G") tensors, in state order."""
 
     @abstractmethod
-    def compute(self, a: Tensor, g: Tensor, damping: float, which: Sequence[str]) -> dict[str, SecondOrder | None]:
+    def compute(
+        self, a: Tensor, g: Tensor, damping: float, which: Sequence[str]
+    ) -> dict[str, SecondOrder | None]:
         """Second-order data of the factors named in ``which`` (None where every attempt
         failed), from the running factors ``a`` and ``g``."""
 
@@ -86,13 +88,17 @@ class EigenMethod(SecondOrderMethod):
     def state_keys(self, factor: str) -> tuple[str, ...]:
         return (f"Q{factor}", f"d{factor}")
 
-    def compute(self, a: Tensor, g: Tensor, damping: float, which: Sequence[str]) -> dict[str, SecondOrder | None]:
+    def compute(
+        self, a: Tensor, g: Tensor, damping: float, which: Sequence[str]
+    ) -> dict[str, SecondOrder | None]:
         matrices = {"A": a, "G": g}
         return {key: _contiguous(decompose(matrices[key], self.dtype)) for key in which}
 
     def identity(self, shape: tuple[int, ...], device: torch.device) -> SecondOrder:
         eye = torch.eye(shape[-1], dtype=self.dtype, device=device).expand(shape)
-        return EigenFactor(eye.contiguous(), torch.ones(shape[:-1], dtype=self.dtype, device=device))
+        return EigenFactor(
+            eye.contiguous(), torch.ones(shape[:-1], dtype=self.dtype, device=device)
+        )
 
     def empty(self, shape: tuple[int, ...], device: torch.device) -> SecondOrder:
         return EigenFactor(
@@ -124,7 +130,9 @@ class InverseMethod(SecondOrderMethod):
     def state_keys(self, factor: str) -> tuple[str, ...]:
         return (f"{factor}_inv",)
 
-    def compute(self, a: Tensor, g: Tensor, damping: float, which: Sequence[str]) -> dict[str, SecondOrder | None]:
+    def compute(
+        self, a: Tensor, g: Tensor, damping: float, which: Sequence[str]
+    ) -> dict[str, SecondOrder | None]:
         damping_a, damping_g = pi_split(a, g, damping)
         pairs = {"A": (a, damping_a), "G": (g, damping_g)}
         return {key: _contiguous(invert(*pairs[key], self.dtype)) for key in which}
@@ -159,7 +167,9 @@ def _contiguous(data: SecondOrder | None) -> SecondOrder | None:
     return None
 
 
-def make_method(kind: ComputeMethod, dtype: torch.dtype, precompute_outer: bool) -> SecondOrderMethod:
+def make_method(
+    kind: ComputeMethod, dtype: torch.dtype, precompute_outer: bool
+) -> SecondOrderMethod:
     """The strategy of ``kind``; ``precompute_outer`` applies to the eigen method only."""
     if kind is ComputeMethod.EIGEN:
         return EigenMethod(dtype, precompute_outer)

@@ -191,7 +191,9 @@ class KFACPreconditioner(KFACStateMixin):
         self._check_not_submitted(state)
         if self.options.update_factors_in_hook:
             with self._no_autocast(out):
-                state.factors.add_a(state.layer.a_factor(inputs[0], self._factor_dtype(state.layer)))
+                state.factors.add_a(
+                    state.layer.a_factor(inputs[0], self._factor_dtype(state.layer))
+                )
         else:
             state.inputs.append(inputs[0].detach())
         out.register_hook(partial(self._on_output_grad, state))
@@ -348,7 +350,9 @@ class KFACPreconditioner(KFACStateMixin):
             ready.append(state)
             plan = self.assignment.plan(state.name)
             workers = (plan.a_worker, plan.g_worker)
-            mine = [key for key, worker in zip(FACTORS, workers, strict=True) if worker == self.rank]
+            mine = [
+                key for key, worker in zip(FACTORS, workers, strict=True) if worker == self.rank
+            ]
             if not mine:
                 continue
             assert self._holds(state.name), "an inverse worker is always a grad worker"
@@ -404,7 +408,9 @@ class KFACPreconditioner(KFACStateMixin):
                 triples.append((state, grad, grad.clone()))
                 continue
             a, g = state.second_order["A"], state.second_order["G"]
-            triples.append((state, grad, self.method.precondition(grad, a, g, damping, state.outer)))
+            triples.append(
+                (state, grad, self.method.precondition(grad, a, g, damping, state.outer))
+            )
         return triples
 
     def _broadcast_gradients(self, triples: list[tuple[LayerState, Tensor, Tensor]]) -> None:
