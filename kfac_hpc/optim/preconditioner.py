@@ -34,10 +34,11 @@ from kfac_hpc.comm import (
 from kfac_hpc.optim.compute import SecondOrder, make_method
 from kfac_hpc.optim.factors import LayerFactors
 from kfac_hpc.optim.kfac_state import KFACStateMixin
-from kfac_hpc.optim.layer_state import FACTORS, LayerState
+from kfac_hpc.optim.layer_state import LayerState
 from kfac_hpc.optim.layers import KFACLayer, make_layer
 from kfac_hpc.optim.options import ComputeMethod, GradScalerLike, KFACOptions
 from kfac_hpc.optim.schedules import Hyperparameter
+from kfac_hpc.optim.second_order_update import SecondOrderUpdate
 from kfac_hpc.phases import KFAC_PHASES
 
 __all__ = ["PHASES", "KFACPreconditioner"]
@@ -125,6 +126,9 @@ class KFACPreconditioner(KFACStateMixin):
             ComputeMethod(self.options.compute_method),
             self.options.inv_dtype,
             self.options.compute_eigenvalue_outer_product,
+        )
+        self.second_order_update = SecondOrderUpdate(
+            self.states, self.method, self.assignment, self.groups, self.rank
         )
         self.steps = 0
         self.skipped_factor_updates = 0
@@ -246,7 +250,7 @@ class KFACPreconditioner(KFACStateMixin):
         timings = dict.fromkeys(PHASES, 0.0)
         if self._capture:
             self._update_factors(timings)
-        if self.options.is_inverse_step(self.steps) or self._missing_second_order():
+        if self.options.is_inverse_step(self.steps) or self.second_order_update.missing():
             self._update_second_order(timings)
         with self._timed(timings, "precondition"):
             triples = self._precondition_own()
@@ -318,81 +322,11 @@ class KFACPreconditioner(KFACStateMixin):
 
     # ----------------------------------------------------------------- second order
     def _update_second_order(self, timings: dict[str, float]) -> None:
-        damping = self._value("damping")
-        with self._timed(timings, "inverse_compute"):
-            ready = self._compute_own_second_order(damping)
-        with self._timed(timings, "inverse_comm"):
-            self._broadcast_second_order(ready)
-        with self._timed(timings, "inverse_compute"):
-            for state in self.states.values():
-                state.outer, state.ready = None, False
-            for state in ready:
-                state.ready = True
-                self._set_outer(state, damping)
-
-    def _missing_second_order(self) -> bool:
-        """Whether a layer has factors but no second-order data yet (e.g. after its first
-        factor update came late, or after loading a checkpoint without second-order data)."""
-        return any(s.factors.A is not None and not s.ready for s in self.states.values())
+        self.second_order_update.run(self._value("damping"), partial(self._timed, timings))
 
     def _holds(self, name: str) -> bool:
         """Whether this rank keeps (and preconditions with) the layer's second-order data."""
         return self.assignment.is_grad_worker(name, self.rank)
-
-    def _compute_own_second_order(self, damping: float) -> list[LayerState]:
-        """Decompose the factors this rank is the inverse worker of; return the layers whose
-        second-order data exists (on the grad workers) after the broadcasts."""
-        ready: list[LayerState] = []
-        for state in self.states.values():
-            a, g = state.factors.A, state.factors.G
-            if a is None or g is None:
-                continue
-            ready.append(state)
-            plan = self.assignment.plan(state.name)
-            workers = (plan.a_worker, plan.g_worker)
-            mine = [
-                key for key, worker in zip(FACTORS, workers, strict=True) if worker == self.rank
-            ]
-            if not mine:
-                continue
-            assert self._holds(state.name), "an inverse worker is always a grad worker"
-            for key, data in self.method.compute(a, g, damping, mine).items():
-                state.second_order[key] = data if data is not None else self._fallback(state, key)
-        return ready
-
-    def _fallback(self, state: LayerState, key: str) -> SecondOrder:
-        """The previous data (else the identity) when every decomposition attempt failed."""
-        previous = state.second_order.get(key)
-        if not state.warned:
-            state.warned = True
-            kept = "keeping the previous one" if previous else "using the identity"
-            warnings.warn(
-                f"K-FAC: {self.method.failing_op} of factor {key} of layer {state.name} failed "
-                f"in {self.method.dtype}, float64 and with jitter; {kept} (warned once per layer)",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-        if previous is not None:
-            return previous
-        shape = state.layer.factor_shapes[FACTORS.index(key)]
-        return self.method.identity(shape, state.layer.weight.device)
-
-    def _broadcast_second_order(self, ready: list[LayerState]) -> None:
-        broadcaster = AsyncBroadcaster()
-        for state in ready:
-            for key, src, group in self.groups.second_order_broadcasts(state.name):
-                if src != self.rank:
-                    shape = state.layer.factor_shapes[FACTORS.index(key)]
-                    state.second_order[key] = self.method.empty(shape, state.layer.weight.device)
-                for tensor in state.second_order[key].tensors():
-                    broadcaster.broadcast(tensor, src, group)
-        broadcaster.wait()
-
-    def _set_outer(self, state: LayerState, damping: float) -> None:
-        if state.holds_both():
-            state.outer = self.method.outer(
-                state.second_order["A"], state.second_order["G"], damping
-            )
 
     # ----------------------------------------------------------------- preconditioning
     def _precondition_own(self) -> list[tuple[LayerState, Tensor, Tensor]]:
