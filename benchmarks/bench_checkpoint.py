@@ -218,7 +218,7 @@ def resume_cost(directory: Path, steps: int = 30, repeats: int = 3) -> dict[str,
             optimizer=opt,
             preconditioner=kfac,
             data_position=DataPosition(0, steps + 1, 0),
-            include_second_order=with_second,
+            include_shards=with_second,
         )
         start = time.perf_counter()
         manager.save(state)

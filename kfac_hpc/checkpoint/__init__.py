@@ -2,8 +2,9 @@
 
 The job uses :func:`capture_training_state` + :class:`CheckpointManager` to save,
 :meth:`CheckpointManager.load_latest` / :func:`load_checkpoint` + :func:`restore_training_state`
-to resume, :func:`init_factors_from` for ``--init-factors`` and :class:`PreemptionHandler` to
-stop cleanly. Schema and protocols: docs/checkpoint.md.
+to resume and :func:`init_factors_from` for ``--init-factors``. A training method hands its state
+over as plain trees (:class:`~kfac_hpc.method_state.MethodState`). Schema and protocols:
+docs/checkpoint.md.
 """
 
 from kfac_hpc.checkpoint.manager import (
@@ -12,7 +13,6 @@ from kfac_hpc.checkpoint.manager import (
     load_checkpoint,
     read_checkpoint,
 )
-from kfac_hpc.checkpoint.preemption import REQUEUE_EXIT_CODE, PreemptionHandler
 from kfac_hpc.checkpoint.training_state import (
     SCHEMA_VERSION,
     CheckpointError,
@@ -26,14 +26,12 @@ from kfac_hpc.checkpoint.training_state import (
 )
 
 __all__ = [
-    "REQUEUE_EXIT_CODE",
     "SCHEMA_VERSION",
     "CheckpointError",
     "CheckpointManager",
     "CheckpointMismatchError",
     "DataPosition",
     "LoadedCheckpoint",
-    "PreemptionHandler",
     "RestoredState",
     "TrainingState",
     "capture_training_state",

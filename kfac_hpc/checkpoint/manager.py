@@ -37,11 +37,11 @@ from kfac_hpc.checkpoint.training_state import (
     CheckpointError,
     CheckpointMismatchError,
     LoadedCheckpoint,
-    Preconditioner,
     TrainingState,
-    check_kfac,
-    merged_kfac_state,
+    check_shapes,
+    saved_method_state,
 )
+from kfac_hpc.method_state import Checkpointable
 
 __all__ = ["CheckpointManager", "init_factors_from", "load_checkpoint", "read_checkpoint"]
 
@@ -100,25 +100,20 @@ def _first_good(candidates: list[Path], locking: bool | str | None) -> LoadedChe
 
 
 def init_factors_from(
-    path: Path | str, preconditioner: Preconditioner, locking: bool | str | None = None
+    path: Path | str, preconditioner: Checkpointable, locking: bool | str | None = None
 ) -> int:
-    """Warm start: load only K-FAC factors (A, G per layer) from another run's checkpoint.
-
-    Works from any saved world size/strategy; everything else of ``preconditioner`` (step
-    counters, schedules, second-order data) stays as it is. Returns the number of layers set.
+    """Warm start from another run's checkpoint: what ``preconditioner.warm_start`` takes of
+    its saved state (K-FAC: the factors A and G per layer; counters, schedules and
+    second-order data stay). Works from any saved world size/strategy; returns the units set.
     """
     ckpt = load_checkpoint(path, locking)
-    if "kfac_state" not in ckpt.tree:
-        raise CheckpointMismatchError(f"{ckpt.path}: the checkpoint has no K-FAC factors")
-    saved = merged_kfac_state(ckpt.tree, with_second_order=False)
-    check_kfac(preconditioner, saved, ckpt.path)
-    state = preconditioner.state_dict(include_second_order=False)
-    state["layers"] = {
-        name: {f: entry[f] for f in ("A", "G") if f in entry}
-        for name, entry in saved["layers"].items()
-    }
-    preconditioner.load_state_dict(state)
-    return len(state["layers"])
+    saved = saved_method_state(ckpt.tree, preconditioner, with_shards=False)
+    if saved is None:
+        raise CheckpointMismatchError(
+            f"{ckpt.path}: the checkpoint has no {preconditioner.label} state"
+        )
+    check_shapes(preconditioner.expected_shapes(), saved, preconditioner.label, ckpt.path)
+    return preconditioner.warm_start(saved)
 
 
 def _tree_image(tree: Mapping[str, Any]) -> torch.Tensor:

@@ -2,13 +2,14 @@
 
 A :class:`TrainingState` has two parts:
 
-- ``shared``: identical on every rank (model, optimizer, K-FAC factors and counters, data
-  position, config, versions); rank 0 writes it;
-- ``per_rank``: what only this rank holds (its RNG states; under MEM-OPT/HYBRID-OPT the
-  second-order data of the layers it owns); gathered to rank 0 and written under ``ranks/<r>``.
+- ``shared``: identical on every rank (model, optimizer, the training method's shared state
+  tree, data position, config, versions); rank 0 writes it;
+- ``per_rank``: what only this rank holds (its RNG states and the method's shard, e.g. K-FAC
+  second-order data); gathered to rank 0 and written under ``ranks/<r>``.
 
-Restoring is layer-keyed, so a state saved at world size P with strategy S loads at P' with S':
-the K-FAC second-order data of every rank is merged back into one layer-keyed dict.
+The training method's state is a :class:`~kfac_hpc.method_state.MethodState` of plain trees:
+this module stores them, checks the shapes the method declares, and hands every saved rank's
+shard back, so a state saved at world size P with strategy S loads at P' with S'.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from kfac_hpc import __version__
+from kfac_hpc.method_state import Checkpointable, SavedState, UnitShapes
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -36,17 +38,15 @@ __all__ = [
     "CheckpointMismatchError",
     "DataPosition",
     "LoadedCheckpoint",
-    "Preconditioner",
     "RestoredState",
     "TrainingState",
     "capture_training_state",
-    "check_kfac",
-    "merged_kfac_state",
+    "check_shapes",
     "restore_training_state",
+    "saved_method_state",
 ]
 
 SCHEMA_VERSION = 1
-SECOND_ORDER = "kfac_second_order"
 
 
 class CheckpointError(RuntimeError):
@@ -55,14 +55,6 @@ class CheckpointError(RuntimeError):
 
 class CheckpointMismatchError(CheckpointError):
     """A checkpoint does not fit the model/preconditioner it is loaded into."""
-
-
-class Preconditioner(Protocol):
-    """What this module needs of ``kfac_hpc.optim.KFACPreconditioner``."""
-
-    def state_dict(self, include_second_order: bool = ...) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any], /) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -179,51 +171,6 @@ def _reseed(sampler_seed: int, step: int, rank: int) -> None:
     random.seed(seed)
 
 
-def _is_primary_holder(preconditioner: Preconditioner, name: str, rank: int) -> bool:
-    """Whether this rank writes ``name``'s second-order data: the first of its grad workers.
-
-    Under COMM-OPT every rank holds every layer's data; writing it once (from the first grad
-    worker) keeps the gathered volume equal to one copy whatever the strategy.
-    """
-    plan = getattr(getattr(preconditioner, "assignment", None), "layers", {}).get(name)
-    workers = getattr(plan, "grad_workers", None)
-    return not workers or workers[0] == rank
-
-
-def _split_kfac(
-    preconditioner: Preconditioner, include_second_order: bool, rank: int
-) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """(state without second-order data, {layer: second-order entries this rank writes})."""
-    base = preconditioner.state_dict(include_second_order=False)
-    if not include_second_order:
-        return base, {}
-    full = preconditioner.state_dict(include_second_order=True)
-    base_layers = base.get("layers", {})
-    extra: dict[str, dict[str, Any]] = {}
-    for name, entries in full.get("layers", {}).items():
-        own = {k: v for k, v in entries.items() if k not in base_layers.get(name, {})}
-        if own and _is_primary_holder(preconditioner, name, rank):
-            extra[name] = own
-    return base, extra
-
-
-def _assignment_tree(preconditioner: Preconditioner) -> tuple[str | None, dict[str, Any]]:
-    """(distribution strategy, {layer: plan}) of a KAISA-style ``preconditioner.assignment``."""
-    assignment = getattr(preconditioner, "assignment", None)
-    if assignment is None:
-        return None, {}
-    distribution = getattr(getattr(assignment, "distribution", None), "value", None)
-    plans = {
-        name: {
-            "a_worker": int(plan.a_worker),
-            "g_worker": int(plan.g_worker),
-            "grad_workers": [int(r) for r in plan.grad_workers],
-        }
-        for name, plan in getattr(assignment, "layers", {}).items()
-    }
-    return distribution, plans
-
-
 def _versions() -> dict[str, str]:
     return {
         "kfac_hpc": __version__,
@@ -238,21 +185,22 @@ def capture_training_state(
     step: int,
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
-    preconditioner: Preconditioner | None = None,
+    preconditioner: Checkpointable | None = None,
     data_position: DataPosition,
     config: Mapping[str, Any] | None = None,
     config_hash: str | None = None,
     rank: int = 0,
     world_size: int = 1,
     strategy: str | None = None,
-    assignment: Mapping[str, Any] | None = None,
-    include_second_order: bool = True,
+    include_shards: bool = True,
     extra: Mapping[str, Any] | None = None,
 ) -> TrainingState:
     """Copy everything needed to resume after ``step`` optimizer steps (tensors go to CPU).
 
-    ``include_second_order`` stores K-FAC eigendecompositions/inverses, so a resume needs no
-    O(n³) recompute and is bit-for-bit identical between inverse updates.
+    ``preconditioner`` is the training method's own state (the K-FAC preconditioner, or any
+    :class:`~kfac_hpc.method_state.Checkpointable`). ``include_shards`` stores its per-rank
+    shards (K-FAC: eigendecompositions/inverses), so a resume needs no O(n³) recompute and is
+    bit-for-bit identical between inverse updates.
     """
     shared: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -260,7 +208,6 @@ def capture_training_state(
         "world_size": int(world_size),
         "strategy": strategy,
         "config_hash": config_hash,
-        "kfac": preconditioner is not None,
         "created_unix_s": time.time(),
         "versions": _versions(),
         "config_json": json.dumps(dict(config or {}), sort_keys=True),
@@ -276,16 +223,13 @@ def capture_training_state(
         shared["optimizer"] = optimizer.state_dict()
     per_rank: dict[str, Any] = {"rng": _rng_tree()}
     if preconditioner is not None:
-        base, second = _split_kfac(preconditioner, include_second_order, rank)
-        shared["kfac_state"] = base
-        if second:
-            per_rank[SECOND_ORDER] = second
-        distribution, plans = _assignment_tree(preconditioner)
-        shared["strategy"] = strategy or distribution
-        if assignment is None and plans:
-            assignment = plans
-    if assignment is not None:
-        shared["assignment"] = dict(assignment)
+        state = preconditioner.checkpoint_state(include_shard=include_shards)
+        shared[preconditioner.state_group] = state.shared
+        if state.shard:
+            per_rank[preconditioner.shard_group] = state.shard
+        shared["strategy"] = strategy or state.strategy
+        if state.assignment:
+            shared["assignment"] = state.assignment
     return TrainingState(int(step), shared, per_rank, rank, world_size)
 
 
@@ -310,52 +254,49 @@ def _check_model(model: nn.Module, saved: Mapping[str, torch.Tensor]) -> None:
             )
 
 
-def merged_kfac_state(tree: Mapping[str, Any], with_second_order: bool = True) -> dict[str, Any]:
-    """The saved K-FAC state with every rank's second-order data merged back, layer-keyed."""
-    state = dict(tree["kfac_state"])
-    layers = {name: dict(entries) for name, entries in state.get("layers", {}).items()}
-    if with_second_order:
-        for rank_tree in tree.get("ranks", {}).values():
-            for name, entries in rank_tree.get(SECOND_ORDER, {}).items():
-                layers.setdefault(name, {}).update(entries)
-    state["layers"] = layers
-    return state
+def saved_method_state(
+    tree: Mapping[str, Any], method: Checkpointable, with_shards: bool = True
+) -> SavedState | None:
+    """``method``'s state in a checkpoint tree: its shared tree and every saved rank's shard
+    (in rank order); None when the checkpoint has none."""
+    if method.state_group not in tree:
+        return None
+    ranks = tree.get("ranks", {}) if with_shards else {}
+    shards = [ranks[r].get(method.shard_group, {}) for r in sorted(ranks, key=int)]
+    return SavedState(dict(tree[method.state_group]), [s for s in shards if s])
 
 
-def _expected_factor_shapes(preconditioner: Preconditioner) -> dict[str, dict[str, Any]]:
-    """{layer: {"A": shape, "G": shape}} the preconditioner needs, from its registered layers
-    (``layers[name].factor_shapes``) or, failing that, from its current factors."""
-    layers = getattr(preconditioner, "layers", None)
-    if isinstance(layers, Mapping) and all(hasattr(v, "factor_shapes") for v in layers.values()):
-        return {
-            name: dict(zip(("A", "G"), layer.factor_shapes, strict=True))
-            for name, layer in layers.items()
-        }
-    current = preconditioner.state_dict(include_second_order=False).get("layers", {})
-    return {
-        name: {f: tuple(t.shape) for f, t in entry.items() if f in ("A", "G")}
-        for name, entry in current.items()
-    }
-
-
-def check_kfac(preconditioner: Preconditioner, saved: Mapping[str, Any], where: Path) -> None:
-    """Raise naming the first K-FAC layer that the checkpoint and the model disagree on."""
-    expected = _expected_factor_shapes(preconditioner)
-    saved_layers = saved.get("layers", {})
-    if not saved_layers:  # saved before the first factor update: nothing to compare
+def check_shapes(expected: UnitShapes, saved: SavedState, label: str, where: Path) -> None:
+    """Raise naming the first unit (K-FAC: layer) whose presence or shape differs."""
+    units: Any = saved.shared
+    for key in expected.path:
+        units = units.get(key, {}) if isinstance(units, Mapping) else {}
+    if not units:  # saved before the first update: nothing to compare
         return
-    for name in list(dict.fromkeys([*expected, *saved_layers])):
-        if name not in saved_layers or name not in expected:
-            side = "checkpoint" if name not in saved_layers else "model"
-            raise CheckpointMismatchError(f"K-FAC layer {name!r} is missing from the {side}")
-        for factor, shape in expected[name].items():
-            tensor = saved_layers[name].get(factor)
+    for name in list(dict.fromkeys([*expected.shapes, *units])):
+        if name not in units or name not in expected.shapes:
+            side = "checkpoint" if name not in units else "model"
+            raise CheckpointMismatchError(
+                f"{label} {expected.unit} {name!r} is missing from the {side}"
+            )
+        for entry, shape in expected.shapes[name].items():
+            tensor = units[name].get(entry)
             got = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else None
             if got != tuple(shape):
                 raise CheckpointMismatchError(
-                    f"K-FAC layer {name!r} factor {factor}: shape {got} in {where} != model "
-                    f"shape {tuple(shape)}"
+                    f"{label} {expected.unit} {name!r} {expected.entry} {entry}: shape {got} in "
+                    f"{where} != model shape {tuple(shape)}"
                 )
+
+
+def _saved_state_of(checkpoint: LoadedCheckpoint, method: Checkpointable) -> SavedState:
+    saved = saved_method_state(checkpoint.tree, method)
+    if saved is None:
+        raise CheckpointMismatchError(
+            f"{checkpoint.path}: the checkpoint has no {method.label} state (saved without it)"
+        )
+    check_shapes(method.expected_shapes(), saved, method.label, checkpoint.path)
+    return saved
 
 
 def restore_training_state(
@@ -363,12 +304,15 @@ def restore_training_state(
     *,
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
-    preconditioner: Preconditioner | None = None,
+    preconditioner: Checkpointable | None = None,
     rank: int = 0,
     world_size: int = 1,
     restore_rng: bool = True,
 ) -> RestoredState:
     """Put a loaded checkpoint back into live objects; checks everything before changing any.
+
+    ``preconditioner`` is the training method's own state, as for
+    :func:`capture_training_state`.
 
     Raises :class:`CheckpointMismatchError` naming the first mismatched layer and shapes.
     RNG streams are restored when the world size is unchanged; otherwise every rank is
@@ -377,20 +321,15 @@ def restore_training_state(
     tree = checkpoint.tree
     saved_model = _flat_model_state(tree["model"])
     _check_model(model, saved_model)
-    if preconditioner is not None:
-        if "kfac_state" not in tree:
-            raise CheckpointMismatchError(
-                f"{checkpoint.path}: the checkpoint has no K-FAC state (saved without K-FAC)"
-            )
-        check_kfac(preconditioner, tree["kfac_state"], checkpoint.path)
+    saved = None if preconditioner is None else _saved_state_of(checkpoint, preconditioner)
     if optimizer is not None and "optimizer" not in tree:
         raise CheckpointMismatchError(f"{checkpoint.path}: the checkpoint has no optimizer state")
 
     _unwrap(model).load_state_dict(saved_model, strict=True)
     if optimizer is not None:
         optimizer.load_state_dict(tree["optimizer"])
-    if preconditioner is not None:
-        preconditioner.load_state_dict(merged_kfac_state(tree))
+    if preconditioner is not None and saved is not None:
+        preconditioner.load_checkpoint_state(saved)
 
     pos = tree["data_position"]
     data_position = DataPosition(pos["epoch"], pos["batch_index"], pos["sampler_seed"])

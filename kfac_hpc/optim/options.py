@@ -9,15 +9,15 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
 from kfac_hpc.comm import AssignmentStrategy
 from kfac_hpc.optim.schedules import Hyperparameter, ScheduledValue
 
-__all__ = ["AssignmentStrategy", "ComputeMethod", "KFACOptions"]
+__all__ = ["AssignmentStrategy", "ComputeMethod", "GradScalerLike", "KFACOptions"]
 
 
 class ComputeMethod(enum.Enum):
@@ -25,6 +25,14 @@ class ComputeMethod(enum.Enum):
 
     EIGEN = "eigen"
     INVERSE = "inverse"
+
+
+class GradScalerLike(Protocol):
+    """What K-FAC needs of a ``torch.amp.GradScaler``: the current loss scale."""
+
+    def get_scale(self) -> float: ...
+
+    def is_enabled(self) -> bool: ...
 
 
 _FRACTION_NAMES = ("comm-opt", "mem-opt", "hybrid-opt")
@@ -76,10 +84,10 @@ class KFACOptions:
     compute_eigenvalue_outer_product: bool = True
     grad_worker_fraction: str | float = "comm-opt"
     symmetry_aware: bool = False
-    grad_scaler: Any = None
+    grad_scaler: GradScalerLike | None = None
     factor_dtype: torch.dtype | None = None
     inv_dtype: torch.dtype = torch.float32
-    skip_layers: Sequence[str] = field(default_factory=list)
+    skip_layers: Sequence[str] = ()
     update_factors_in_hook: bool = True
     synchronize_timings: bool = False
 
@@ -99,6 +107,18 @@ class KFACOptions:
             _flag(name, getattr(self, name))
         self._validate_numbers()
         self._validate_types()
+
+    def value(self, name: str, step: int) -> float:
+        """The scheduled option ``name`` at ``step``."""
+        return float(self.schedules[name](step))
+
+    def is_factor_step(self, step: int) -> bool:
+        """Whether factors are captured and updated at ``step``."""
+        return step % int(self.schedules["factor_update_steps"](step)) == 0
+
+    def is_inverse_step(self, step: int) -> bool:
+        """Whether second-order data is recomputed at ``step``."""
+        return step % int(self.schedules["inv_update_steps"](step)) == 0
 
     def _build_schedules(self) -> dict[str, ScheduledValue]:
         checks = {

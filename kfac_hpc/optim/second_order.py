@@ -23,6 +23,7 @@ from torch import Tensor
 
 __all__ = [
     "EigenFactor",
+    "InverseFactor",
     "decompose",
     "eigen_outer",
     "invert",
@@ -42,7 +43,25 @@ class EigenFactor:
     d: Tensor
 
     def tensors(self) -> list[Tensor]:
+        """The tensors in state order (the order of their state keys)."""
         return [self.Q, self.d]
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return iter(self.tensors())
+
+
+@dataclass
+class InverseFactor:
+    """The damped inverse (F + λ_F I)⁻¹ (n, n) of one factor."""
+
+    inv: Tensor
+
+    def tensors(self) -> list[Tensor]:
+        """The tensors in state order (the order of their state keys)."""
+        return [self.inv]
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return iter(self.tensors())
 
 
 def _finite(*tensors: Tensor) -> bool:
@@ -91,7 +110,7 @@ def pi_split(a: Tensor, g: Tensor, damping: float) -> tuple[Tensor, Tensor]:
     return pi * root, root / pi
 
 
-def invert(matrix: Tensor, damping: Tensor, dtype: torch.dtype) -> Tensor | None:
+def invert(matrix: Tensor, damping: Tensor, dtype: torch.dtype) -> InverseFactor | None:
     """(matrix + damping·I)⁻¹ in ``dtype`` down the fallback ladder; None when all failed."""
     if not _finite(matrix, damping):
         return None
@@ -103,7 +122,7 @@ def invert(matrix: Tensor, damping: Tensor, dtype: torch.dtype) -> Tensor | None
         except RuntimeError:
             continue
         if _finite(inv):
-            return inv.to(dtype)
+            return InverseFactor(inv.to(dtype))
     return None
 
 
@@ -122,6 +141,6 @@ def precondition_eigen(
     return (g.Q @ (rotated * scale) @ a.Q.mT).to(grad.dtype)
 
 
-def precondition_inverse(grad: Tensor, a_inv: Tensor, g_inv: Tensor) -> Tensor:
+def precondition_inverse(grad: Tensor, a: InverseFactor, g: InverseFactor) -> Tensor:
     """(G + λ_G I)⁻¹ grad (A + λ_A I)⁻¹."""
-    return (g_inv @ grad.to(a_inv.dtype) @ a_inv).to(grad.dtype)
+    return (g.inv @ grad.to(a.inv.dtype) @ a.inv).to(grad.dtype)

@@ -121,7 +121,7 @@ def train(run_dir: str, config_file: str | None, **flags: Any) -> None:
         _bad_input(exc)
     # torch is imported only past validation, so bad flags fail fast
     from kfac_hpc.runtime import LaunchError
-    from kfac_hpc.train.loop import run_training
+    from kfac_hpc.train.run import run_training
 
     try:
         code = run_training(config, run_dir)

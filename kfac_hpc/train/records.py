@@ -1,13 +1,15 @@
 """Timing records: every rank's window of phase times gathered to rank 0, once per window.
 
 A window is ``log_every`` steps (or fewer at the end of an attempt). Each rank packs
-``[steps, step seconds, loss sum, phase seconds x 12]`` into one float64 tensor; one
+``[steps, step seconds, loss sum, seconds of each phase of the timer]`` into one float64 tensor; one
 ``gather`` brings them to rank 0, which writes the ``train`` record of docs/contracts.md and
-keeps its own step durations for the percentiles of ``run.json``.
+keeps its own step durations for the percentiles of ``run.json``. Also here: the ``eval``
+record, and the facts of ``run.json`` that only the live job knows.
 """
 
 from __future__ import annotations
 
+import platform
 import resource
 import statistics
 from typing import Any
@@ -15,10 +17,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kfac_hpc.train.rundir import PHASES, SCHEMA_VERSION, RunDir
+from kfac_hpc import __version__
+from kfac_hpc.runtime import DistributedContext
+from kfac_hpc.train.config import TrainConfig
+from kfac_hpc.train.rundir import SCHEMA_VERSION, RunDir
 from kfac_hpc.train.timing import PhaseTimer
 
-__all__ = ["NullRecorder", "WindowRecorder", "peak_memory", "step_time_stats"]
+__all__ = [
+    "NullRecorder",
+    "WindowRecorder",
+    "eval_record",
+    "peak_memory",
+    "run_facts",
+    "step_time_stats",
+]
 
 _HEAD = 3  # steps, step seconds, loss sum
 
@@ -73,10 +85,15 @@ class WindowRecorder:
         assert rows is not None
         table = torch.stack(rows).cpu().tolist()
         self.rank0_step_s.extend(step_times)
-        return self._record(table, step, epoch, wall_s)
+        return self._record(table, timer.phases, step, epoch, wall_s)
 
     def _record(
-        self, table: list[list[float]], step: int, epoch: int, wall_s: float
+        self,
+        table: list[list[float]],
+        names: tuple[str, ...],
+        step: int,
+        epoch: int,
+        wall_s: float,
     ) -> dict[str, Any]:
         steps = int(table[0][0])
         if steps == 0:
@@ -96,11 +113,11 @@ class WindowRecorder:
             "step_s": step_s,
             "phases_s": {
                 name: statistics.fmean(row[_HEAD + i] / steps for row in table)
-                for i, name in enumerate(PHASES)
+                for i, name in enumerate(names)
             },
             "rank_step_s": rank_step_s,
             "rank_phases_s": {
-                name: [row[_HEAD + i] / steps for row in table] for i, name in enumerate(PHASES)
+                name: [row[_HEAD + i] / steps for row in table] for i, name in enumerate(names)
             },
         }
         self.run_dir.append_metrics(record)
@@ -136,3 +153,61 @@ def peak_memory(device: torch.device) -> tuple[int, int | None]:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     cuda = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return int(rss), None if cuda is None else int(cuda)
+
+
+def eval_record(
+    attempt: int, step: int, epoch: int, wall_s: float, loss: float, accuracy: float
+) -> dict[str, Any]:
+    """The ``eval`` record of docs/contracts.md."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "kind": "eval",
+        "attempt": attempt,
+        "step": step,
+        "epoch": epoch,
+        "wall_s": round(wall_s, 6),
+        "loss": loss,
+        "accuracy": accuracy,
+    }
+
+
+def run_facts(
+    config: TrainConfig,
+    ctx: DistributedContext,
+    run_dir: RunDir,
+    method: dict[str, Any],
+    step: int,
+    epochs: int,
+    step_times: list[float],
+) -> dict[str, Any]:
+    """What ``run.json`` reports that only the live job knows; ``method`` holds the training
+    method's name and the fields it adds."""
+    rss, cuda = peak_memory(ctx.device)
+    sizes = config.batch_sizes(ctx.world_size)
+    return {
+        "run_id": run_dir.root.resolve().name,
+        "config_hash": config.config_hash(),
+        "model": config.model,
+        "dataset": config.dataset,
+        "optimizer": config.optimizer,
+        **method,
+        "scaling": config.scaling,
+        "world_size": ctx.world_size,
+        "nodes": ctx.launch.num_nodes,
+        "ranks_per_node": ctx.launch.local_world_size,
+        "launcher": ctx.launch.source,
+        "backend": ctx.backend,
+        "global_batch_size": sizes.global_batch_size,
+        "per_rank_batch_size": sizes.per_rank_batch_size,
+        "steps": step,
+        "epochs": epochs,
+        "target_accuracy": config.target_accuracy,
+        "step_s": step_time_stats(step_times),
+        "peak_rss_bytes": rss,
+        "peak_cuda_bytes": cuda,
+        "versions": {
+            "kfac_hpc": __version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+    }

@@ -8,7 +8,7 @@ Per-step sums accumulate into a window that :mod:`kfac_hpc.train.records` drains
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -16,15 +16,19 @@ from kfac_hpc.train.rundir import PHASES
 
 __all__ = ["PHASES", "NullTimer", "PhaseTimer"]
 
-_INDEX = {name: i for i, name in enumerate(PHASES)}
-
 
 class PhaseTimer:
-    """Accumulates seconds per phase and per step over a logging window."""
+    """Accumulates seconds per phase and per step over a logging window.
 
-    def __init__(self, cuda_sync: bool = False) -> None:
+    ``phases`` are the names recorded: the contract's by default; the job adds the phases of
+    its training method that the contract lacks.
+    """
+
+    def __init__(self, cuda_sync: bool = False, phases: Sequence[str] = PHASES) -> None:
         self._sync = cuda_sync and torch.cuda.is_available()
-        self.window_phases = [0.0] * len(PHASES)
+        self.phases = tuple(phases)
+        self._index = {name: i for i, name in enumerate(self.phases)}
+        self.window_phases = [0.0] * len(self.phases)
         self.window_step_s: list[float] = []
         self._last = 0.0
         self._step_start = 0.0
@@ -40,13 +44,13 @@ class PhaseTimer:
     def lap(self, phase: str) -> None:
         """Charge the time since the last boundary to ``phase``."""
         now = self._now()
-        self.window_phases[_INDEX[phase]] += now - self._last
+        self.window_phases[self._index[phase]] += now - self._last
         self._last = now
 
     def add(self, timings: Mapping[str, float]) -> None:
         """Add phases measured elsewhere (the preconditioner's ``last_timings``)."""
         for name, seconds in timings.items():
-            self.window_phases[_INDEX[name]] += seconds
+            self.window_phases[self._index[name]] += seconds
 
     def skip(self) -> None:
         """Restart the clock without charging anyone (time already counted via ``add``)."""
@@ -61,7 +65,7 @@ class PhaseTimer:
     def drain(self) -> tuple[list[float], list[float]]:
         """(phase sums, step durations) of the window, and start a new window."""
         out = self.window_phases, self.window_step_s
-        self.window_phases = [0.0] * len(PHASES)
+        self.window_phases = [0.0] * len(self.phases)
         self.window_step_s = []
         return out
 

@@ -8,9 +8,9 @@ import signal
 
 import pytest
 
-from kfac_hpc.checkpoint import REQUEUE_EXIT_CODE, PreemptionHandler, load_checkpoint
+from kfac_hpc.checkpoint import load_checkpoint
 from kfac_hpc.checkpoint.files import read_latest
-from kfac_hpc.checkpoint.preemption import parse_signal
+from kfac_hpc.train.preemption import REQUEUE_EXIT_CODE, PreemptionHandler, parse_signal
 from tests.checkpoint.jobs import assert_bitwise, factors, final_state, run_tiny
 
 TOTAL, SIGNAL_AT = 9, 4

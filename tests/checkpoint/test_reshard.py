@@ -18,7 +18,8 @@ from kfac_hpc.checkpoint import (
     load_checkpoint,
     restore_training_state,
 )
-from kfac_hpc.checkpoint.training_state import merged_kfac_state
+from kfac_hpc.checkpoint.training_state import saved_method_state
+from kfac_hpc.optim.kfac_state import merged_state
 from tests.checkpoint.jobs import final_state, run_tiny
 
 SAVE, TOTAL = 5, 6
@@ -87,7 +88,7 @@ def test_loaded_factors_equal_the_saved_ones_bit_for_bit(reference):
     ).double()
     kfac = KFACPreconditioner(model, inv_dtype=torch.float64)
     restore_training_state(ckpt, model=model, preconditioner=kfac, restore_rng=False)
-    saved = merged_kfac_state(ckpt.tree)["layers"]
+    saved = merged_state(saved_method_state(ckpt.tree, kfac))["layers"]
     loaded = kfac.state_dict(include_second_order=True)["layers"]
     assert saved.keys() == loaded.keys() == {"0", "3"}
     for name in saved:

@@ -26,10 +26,8 @@ import torch.distributed as dist
 from torch import nn
 
 from kfac_hpc.checkpoint import (
-    REQUEUE_EXIT_CODE,
     CheckpointManager,
     DataPosition,
-    PreemptionHandler,
     capture_training_state,
     load_checkpoint,
     restore_training_state,
@@ -37,6 +35,7 @@ from kfac_hpc.checkpoint import (
 from kfac_hpc.checkpoint.files import open_h5
 from kfac_hpc.checkpoint.hdf5_tree import write_tree
 from kfac_hpc.runtime import init_distributed
+from kfac_hpc.train.preemption import REQUEUE_EXIT_CODE, PreemptionHandler
 
 GLOBAL_BATCH = 32
 

@@ -1,0 +1,176 @@
+"""How a layer's second-order data is computed and applied: one strategy object per
+:class:`~kfac_hpc.optim.options.ComputeMethod`, chosen once when the preconditioner is built.
+
+Both strategies hold one typed record per factor (:class:`EigenFactor` or
+:class:`InverseFactor`); the preconditioner never looks inside one except through this
+interface. The math is in :mod:`kfac_hpc.optim.second_order`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from kfac_hpc.optim.options import ComputeMethod
+from kfac_hpc.optim.second_order import (
+    EigenFactor,
+    InverseFactor,
+    decompose,
+    eigen_outer,
+    invert,
+    pi_split,
+    precondition_eigen,
+    precondition_inverse,
+)
+
+__all__ = ["EigenMethod", "InverseMethod", "SecondOrder", "SecondOrderMethod", "make_method"]
+
+SecondOrder = EigenFactor | InverseFactor
+
+
+class SecondOrderMethod(ABC):
+    """Decompose factors, precondition a gradient with the result, and name its tensors."""
+
+    kind: ComputeMethod
+    failing_op: str  # what failed, in the warning when every decomposition attempt fails
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype  # of the second-order data (inv_dtype)
+
+    @abstractmethod
+    def state_keys(self, factor: str) -> tuple[str, ...]:
+        """The state-dict keys of factor ``factor``'s ("A" or "G") tensors, in state order."""
+
+    @abstractmethod
+    def compute(
+        self, a: Tensor, g: Tensor, damping: float, which: Sequence[str]
+    ) -> dict[str, SecondOrder | None]:
+        """Second-order data of the factors named in ``which`` (None where every attempt
+        failed), from the running factors ``a`` and ``g``."""
+
+    @abstractmethod
+    def identity(self, shape: tuple[int, ...], device: torch.device) -> SecondOrder:
+        """Data that leaves a gradient (nearly) as it is: used when the very first
+        decomposition of a factor fails."""
+
+    @abstractmethod
+    def empty(self, shape: tuple[int, ...], device: torch.device) -> SecondOrder:
+        """Uninitialised data of a factor of ``shape``, to receive a broadcast into."""
+
+    @abstractmethod
+    def from_tensors(self, tensors: Sequence[Tensor]) -> SecondOrder:
+        """The inverse of ``data.tensors()``."""
+
+    @abstractmethod
+    def outer(self, a: SecondOrder, g: SecondOrder, damping: float) -> Tensor | None:
+        """A per-layer tensor precomputed once per second-order update (or None)."""
+
+    @abstractmethod
+    def precondition(
+        self, grad: Tensor, a: SecondOrder, g: SecondOrder, damping: float, outer: Tensor | None
+    ) -> Tensor:
+        """The preconditioned gradient matrix, shaped like ``grad``."""
+
+
+class EigenMethod(SecondOrderMethod):
+    """Eigendecompositions A = Q_A diag(d_A) Q_Aᵀ; exact (G ⊗ A + λI)⁻¹."""
+
+    kind = ComputeMethod.EIGEN
+    failing_op = "eigh"
+
+    def __init__(self, dtype: torch.dtype, precompute_outer: bool) -> None:
+        super().__init__(dtype)
+        self.precompute_outer = precompute_outer
+
+    def state_keys(self, factor: str) -> tuple[str, ...]:
+        return (f"Q{factor}", f"d{factor}")
+
+    def compute(
+        self, a: Tensor, g: Tensor, damping: float, which: Sequence[str]
+    ) -> dict[str, SecondOrder | None]:
+        matrices = {"A": a, "G": g}
+        return {key: _contiguous(decompose(matrices[key], self.dtype)) for key in which}
+
+    def identity(self, shape: tuple[int, ...], device: torch.device) -> SecondOrder:
+        eye = torch.eye(shape[-1], dtype=self.dtype, device=device).expand(shape)
+        return EigenFactor(
+            eye.contiguous(), torch.ones(shape[:-1], dtype=self.dtype, device=device)
+        )
+
+    def empty(self, shape: tuple[int, ...], device: torch.device) -> SecondOrder:
+        return EigenFactor(
+            torch.empty(shape, dtype=self.dtype, device=device),
+            torch.empty(shape[:-1], dtype=self.dtype, device=device),
+        )
+
+    def from_tensors(self, tensors: Sequence[Tensor]) -> SecondOrder:
+        q, d = tensors
+        return EigenFactor(q, d)
+
+    def outer(self, a: SecondOrder, g: SecondOrder, damping: float) -> Tensor | None:
+        assert isinstance(a, EigenFactor) and isinstance(g, EigenFactor)
+        return eigen_outer(a.d, g.d, damping) if self.precompute_outer else None
+
+    def precondition(
+        self, grad: Tensor, a: SecondOrder, g: SecondOrder, damping: float, outer: Tensor | None
+    ) -> Tensor:
+        assert isinstance(a, EigenFactor) and isinstance(g, EigenFactor)
+        return precondition_eigen(grad, a, g, damping, outer)
+
+
+class InverseMethod(SecondOrderMethod):
+    """Damped inverses with π-corrected damping split between A and G."""
+
+    kind = ComputeMethod.INVERSE
+    failing_op = "inv"
+
+    def state_keys(self, factor: str) -> tuple[str, ...]:
+        return (f"{factor}_inv",)
+
+    def compute(
+        self, a: Tensor, g: Tensor, damping: float, which: Sequence[str]
+    ) -> dict[str, SecondOrder | None]:
+        damping_a, damping_g = pi_split(a, g, damping)
+        pairs = {"A": (a, damping_a), "G": (g, damping_g)}
+        return {key: _contiguous(invert(*pairs[key], self.dtype)) for key in which}
+
+    def identity(self, shape: tuple[int, ...], device: torch.device) -> SecondOrder:
+        eye = torch.eye(shape[-1], dtype=self.dtype, device=device).expand(shape)
+        return InverseFactor(eye.contiguous())
+
+    def empty(self, shape: tuple[int, ...], device: torch.device) -> SecondOrder:
+        return InverseFactor(torch.empty(shape, dtype=self.dtype, device=device))
+
+    def from_tensors(self, tensors: Sequence[Tensor]) -> SecondOrder:
+        (inv,) = tensors
+        return InverseFactor(inv)
+
+    def outer(self, a: SecondOrder, g: SecondOrder, damping: float) -> Tensor | None:
+        return None
+
+    def precondition(
+        self, grad: Tensor, a: SecondOrder, g: SecondOrder, damping: float, outer: Tensor | None
+    ) -> Tensor:
+        assert isinstance(a, InverseFactor) and isinstance(g, InverseFactor)
+        return precondition_inverse(grad, a, g)
+
+
+def _contiguous(data: SecondOrder | None) -> SecondOrder | None:
+    """Contiguous copies: broadcasts and checkpoints need contiguous tensors."""
+    if isinstance(data, EigenFactor):
+        return EigenFactor(data.Q.contiguous(), data.d.contiguous())
+    if isinstance(data, InverseFactor):
+        return InverseFactor(data.inv.contiguous())
+    return None
+
+
+def make_method(
+    kind: ComputeMethod, dtype: torch.dtype, precompute_outer: bool
+) -> SecondOrderMethod:
+    """The strategy of ``kind``; ``precompute_outer`` applies to the eigen method only."""
+    if kind is ComputeMethod.EIGEN:
+        return EigenMethod(dtype, precompute_outer)
+    return InverseMethod(dtype)

@@ -1,0 +1,244 @@
+"""One attempt of one training run on this rank: set-up, resume, the step loop, evaluation,
+checkpoints, and the facts of ``run.json`` that only the live job knows.
+
+The training method is built from the registry (:mod:`kfac_hpc.train.methods`); the job never
+asks which method it runs. Preemption is agreed once per step by
+:meth:`~kfac_hpc.train.preemption.PreemptionHandler.should_stop`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from kfac_hpc.checkpoint import (
+    CheckpointManager,
+    DataPosition,
+    capture_training_state,
+    init_factors_from,
+    load_checkpoint,
+    restore_training_state,
+)
+from kfac_hpc.runtime import DistributedContext
+from kfac_hpc.train.config import TrainConfig
+from kfac_hpc.train.data import DataSource, ShardedBatches
+from kfac_hpc.train.faults import fault_plan
+from kfac_hpc.train.methods import MethodSetup, build_method, method_name
+from kfac_hpc.train.models import build_model
+from kfac_hpc.train.optimizers import learning_rate
+from kfac_hpc.train.preemption import PreemptionHandler
+from kfac_hpc.train.progress import Progress
+from kfac_hpc.train.records import WindowRecorder, eval_record, run_facts
+from kfac_hpc.train.rundir import PHASES, RunDir
+from kfac_hpc.train.step import TrainStep, evaluate
+from kfac_hpc.train.summary import AttemptLog
+from kfac_hpc.train.timing import PhaseTimer
+
+__all__ = ["Job", "Position"]
+
+
+@dataclass
+class Position:
+    """Optimizer steps done, and the attempt's starting point."""
+
+    step: int
+    start_step: int
+
+
+class Job:
+    """One attempt of one training run on this rank (built by ``run.run_training``)."""
+
+    def __init__(
+        self, config: TrainConfig, ctx: DistributedContext, run_dir: RunDir, data: DataSource
+    ) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.run_dir = run_dir
+        self.rank, self.world_size = ctx.rank, ctx.world_size
+        self.comm_device = torch.device("cpu") if ctx.backend == "gloo" else ctx.device
+        self.sizes = config.batch_sizes(ctx.world_size)
+        self.batches = ShardedBatches(
+            data,
+            self.sizes.global_batch_size,
+            self.rank,
+            self.world_size,
+            config.seed,
+            config.augment,
+        )
+        self.steps_per_epoch = self.batches.steps_per_epoch
+        self.total_steps = config.steps or config.epochs * self.steps_per_epoch
+        self.started = time.perf_counter()
+        self.attempts = AttemptLog(run_dir)
+        self.attempt = 0
+        self.wall_base_s = 0.0
+        self.fault = fault_plan()
+        torch.manual_seed(config.seed)
+        self.model: nn.Module = build_model(config.model, data.shape, data.num_classes)
+        self.model.to(ctx.device)
+        self.method = build_method(
+            method_name(config), MethodSetup(config, self.model, self.world_size)
+        )
+        self.step = TrainStep(self.model, self.batches, ctx.device, self.method, self.world_size)
+        self.manager = CheckpointManager(
+            run_dir.checkpoints,
+            keep=config.keep_checkpoints,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+        extra = tuple(p for p in self.method.phases if p not in PHASES)
+        self.timer: PhaseTimer = PhaseTimer(config.cuda_sync, PHASES + extra)
+        self.reached_target = False
+        self.last_ckpt_time = time.perf_counter()
+
+    def wall_s(self) -> float:
+        """Seconds of running time of the whole run (earlier attempts included)."""
+        return self.wall_base_s + time.perf_counter() - self.started
+
+    # ----------------------------------------------------------------- set-up
+    def resume(self) -> Position:
+        """Continue from the run directory's latest checkpoint, else ``--resume-from``; apply
+        ``--init-factors`` to a fresh start."""
+        checkpoint = self.manager.load_latest()
+        if checkpoint is None and self.config.resume_from:
+            checkpoint = load_checkpoint(self.config.resume_from)
+        state = self.method.state
+        if checkpoint is None:
+            if self.config.init_factors and state is not None:
+                init_factors_from(self.config.init_factors, state)
+            self._broadcast_parameters()
+            return Position(0, 0)
+        restored = restore_training_state(
+            checkpoint,
+            model=self.model,
+            optimizer=self.method.optimizer,
+            preconditioner=state,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+        return Position(restored.step, restored.step)
+
+    def _broadcast_parameters(self) -> None:
+        """Every rank starts from rank 0's weights (same seed already; this makes it certain)."""
+        if self.world_size > 1:
+            for tensor in self.model.state_dict().values():
+                dist.broadcast(tensor, src=0)
+
+    def _local_flags(self) -> list[float]:
+        """[time limit reached here, checkpoint due by rank 0's clock]."""
+        now = time.perf_counter()
+        limit = self.config.time_limit_s
+        time_up = limit is not None and self.wall_s() >= limit
+        every = self.config.checkpoint_every_min
+        due = self.rank == 0 and every is not None and now - self.last_ckpt_time >= every * 60
+        return [float(time_up), float(due)]
+
+    # ----------------------------------------------------------------- evaluation
+    def evaluate(self, step: int) -> float:
+        """Test accuracy over every rank's share of the test set; rank 0 records it."""
+        self._average_buffers()
+        loss, accuracy = evaluate(self.model, self.batches, self.ctx.device, self.world_size)
+        if self.rank == 0:
+            epoch = step // self.steps_per_epoch
+            record = eval_record(self.attempt, step, epoch, self.wall_s(), loss, accuracy)
+            self.run_dir.append_metrics(record)
+        return accuracy
+
+    def _average_buffers(self) -> None:
+        """BatchNorm running statistics differ per rank; test (and save) their average."""
+        if self.world_size == 1:
+            return
+        for buffer in self.model.buffers():
+            if buffer.is_floating_point():
+                dist.all_reduce(buffer)
+                buffer.div_(self.world_size)
+
+    # ----------------------------------------------------------------- checkpoints
+    def save(self, step: int) -> None:
+        self._average_buffers()
+        epoch, index = divmod(step, self.steps_per_epoch)
+        state = capture_training_state(
+            step=step,
+            model=self.model,
+            optimizer=self.method.optimizer,
+            preconditioner=self.method.state,
+            data_position=DataPosition(epoch, index, self.config.seed),
+            config=self.config.to_dict(),
+            config_hash=self.config.config_hash(),
+            rank=self.rank,
+            world_size=self.world_size,
+            strategy=self.method.strategy,
+            extra={"attempt": self.attempt, "wall_s": self.wall_s()},
+        )
+        self.manager.save(state)
+        self.last_ckpt_time = time.perf_counter()
+
+    # ----------------------------------------------------------------- the loop
+    def loop(
+        self,
+        pos: Position,
+        recorder: WindowRecorder,
+        progress: Progress,
+        preemption: PreemptionHandler,
+    ) -> str:
+        """Train until done; returns how the attempt ended: done, time_limit, target, preempted."""
+        config = self.config
+        while pos.step < self.total_steps:
+            if self.fault is not None:
+                self.fault.check(self.rank, pos.step)
+            self.timer.begin_step()
+            lr = learning_rate(config, pos.step, self.steps_per_epoch, self.total_steps)
+            loss, flags = self.step(pos.step, lr, self._local_flags(), self.timer)
+            pos.step += 1
+            recorder.add_loss(loss)
+            preempted = preemption.should_stop()
+            self.timer.skip()  # the agreement is neither optimizer nor checkpoint time
+            every = config.checkpoint_every_steps
+            if preempted or flags[1] > 0 or (every and pos.step % every == 0):
+                self.save(pos.step)
+                self.timer.lap("checkpoint")
+            self.timer.end_step()
+            end_of_epoch = pos.step % self.steps_per_epoch == 0
+            if pos.step % config.log_every == 0:
+                self._close_window(recorder, pos.step, progress)
+            if end_of_epoch:
+                self._end_epoch(pos.step, progress)
+            if preempted:
+                return "preempted"
+            if flags[0] > 0:
+                return "time_limit"
+            if self.reached_target and config.stop_at_target:
+                return "target"
+        return "done"
+
+    def _close_window(self, recorder: WindowRecorder, step: int, progress: Progress) -> None:
+        record = recorder.close(self.timer, step, step // self.steps_per_epoch, self.wall_s())
+        progress.window(step, record)
+
+    def _end_epoch(self, step: int, progress: Progress) -> None:
+        accuracy = self.evaluate(step)
+        target = self.config.target_accuracy
+        if target is not None and accuracy >= target:
+            self.reached_target = True
+        progress.epoch(step, accuracy, self.wall_s())
+
+    def finish(self, pos: Position, recorder: WindowRecorder, end: str, progress: Progress) -> None:
+        """Close the last window, evaluate if the last step was not evaluated, and save a final
+        checkpoint when checkpointing is on (so a longer run can continue from it)."""
+        self._close_window(recorder, pos.step, progress)
+        if end != "preempted" and pos.step % self.steps_per_epoch != 0:
+            self._end_epoch(pos.step, progress)
+        checkpointing = self.config.checkpoint_every_steps or self.config.checkpoint_every_min
+        if end != "preempted" and checkpointing and pos.step > pos.start_step:
+            self.save(pos.step)
+
+    # ----------------------------------------------------------------- records
+    def facts(self, step: int, step_times: list[float]) -> dict[str, Any]:
+        """What ``run.json`` reports that only the live job knows."""
+        method = {"method": self.method.name, **self.method.run_facts()}
+        epochs = step // self.steps_per_epoch
+        return run_facts(self.config, self.ctx, self.run_dir, method, step, epochs, step_times)

@@ -1,0 +1,72 @@
+"""The interface the job runs a training method through (docs/train.md, "Writing a method").
+
+A method turns the gradients of a step (already averaged over ranks, in ``.grad``) into a
+parameter update. The job owns everything else: data, forward, backward, the gradient
+allreduce, the learning rate (set on ``method.optimizer`` before every step), evaluation,
+checkpoints, records and preemption. A method declares the timing phases its step charges,
+its own state for the checkpoint (plain trees, :class:`~kfac_hpc.method_state.Checkpointable`)
+and what it adds to ``run.json``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from kfac_hpc.method_state import Checkpointable
+from kfac_hpc.train.config import TrainConfig
+from kfac_hpc.train.timing import PhaseTimer
+
+__all__ = ["CurvatureLoss", "Method", "MethodSetup"]
+
+# The loss of the current step's batch, recomputed with a fresh autograd graph (no backward
+# run): for methods that need curvature (Hessian-vector products) on some steps.
+CurvatureLoss = Callable[[], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class MethodSetup:
+    """What a method factory gets: the resolved config, the model (on its device, not wrapped)
+    and the world size."""
+
+    config: TrainConfig
+    model: nn.Module
+    world_size: int
+
+
+class Method(ABC):
+    """One training method of the job. Subclasses set ``name`` and ``phases``."""
+
+    name: ClassVar[str]
+    # The phases the step charges time to, by docs/contracts.md's names or new ones (a new one
+    # is recorded in metrics.jsonl and run.json like the others).
+    phases: ClassVar[tuple[str, ...]]
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        # The first-order optimizer: the job sets its learning rate before every step and
+        # checkpoints its state_dict().
+        self.optimizer = optimizer
+
+    @abstractmethod
+    def step(self, timer: PhaseTimer, curvature_loss: CurvatureLoss) -> None:
+        """Update the parameters from ``.grad``; charge time with ``timer.lap(phase)`` (the
+        clock runs from the end of the gradient allreduce). Collective where the method is."""
+
+    @property
+    def state(self) -> Checkpointable | None:
+        """The method's own state for the checkpoint beyond the optimizer's (None: none)."""
+        return None
+
+    @property
+    def strategy(self) -> str | None:
+        """How the method spreads its work over ranks, recorded in checkpoints (None: n/a)."""
+        return None
+
+    def run_facts(self) -> dict[str, Any]:
+        """Fields the method adds to ``run.json``."""
+        return {}

@@ -1,0 +1,169 @@
+"""The lifecycle of one training run on this rank: check the input, prepare the run directory,
+run an attempt under the preemption handler, and end with exactly one marker: ``done``,
+``error`` (with the message), or ``preempted`` (exit 75, waiting for its requeue).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from kfac_hpc.runtime import DistributedContext, init_distributed, shutdown
+from kfac_hpc.train.config import ConfigError, TrainConfig, check_run_dir
+from kfac_hpc.train.data import DataSource, load_data
+from kfac_hpc.train.job import Job
+from kfac_hpc.train.preemption import REQUEUE_EXIT_CODE, PreemptionHandler
+from kfac_hpc.train.progress import Progress
+from kfac_hpc.train.records import WindowRecorder
+from kfac_hpc.train.rundir import SCHEMA_VERSION, RunDir, write_json_atomic
+from kfac_hpc.train.summary import build_summary
+
+__all__ = ["EXIT_DONE", "EXIT_FAILED", "run_training"]
+
+EXIT_DONE, EXIT_FAILED = 0, 1
+
+
+def _prepare_run_dir(config: TrainConfig, run_dir: RunDir, ctx: DistributedContext) -> bool:
+    """Check the run directory on every rank; rank 0 creates it and writes config.json.
+    Returns False when the run is already done. Raises ConfigError for a different experiment."""
+    check_run_dir(config, run_dir.saved_config_hash(), str(run_dir.root))
+    if run_dir.marker("done").exists():
+        return False
+    if ctx.rank == 0:
+        run_dir.create()
+        run_dir.clear_markers()
+        sizes = config.batch_sizes(ctx.world_size)
+        resolved = {"schema": SCHEMA_VERSION, **config.to_dict()}
+        resolved.update(
+            config_hash=config.config_hash(),
+            world_size=ctx.world_size,
+            global_batch_size=sizes.global_batch_size,
+            per_rank_batch_size=sizes.per_rank_batch_size,
+        )
+        write_json_atomic(run_dir.config, resolved)
+    if ctx.world_size > 1:
+        dist.barrier()
+    return True
+
+
+def _check_inputs(config: TrainConfig, ctx: DistributedContext) -> DataSource:
+    """Input problems only the launched job can see, as ConfigError (exit 2, nothing written)."""
+    sizes = config.batch_sizes(ctx.world_size)
+    workers = config.grad_worker_share(ctx.world_size) * ctx.world_size
+    if abs(workers - round(workers)) > 1e-9 or ctx.world_size % max(1, round(workers)):
+        raise ConfigError(
+            "grad_worker_fraction",
+            f"{config.grad_worker_fraction} of {ctx.world_size} ranks is not a whole number of "
+            "ranks dividing the world size; use comm-opt, mem-opt, hybrid-opt or such a fraction",
+        )
+    try:
+        data = load_data(config)
+    except (OSError, ValueError, ImportError) as exc:
+        raise ConfigError("data_path", str(exc)) from None
+    if data.train_len < sizes.global_batch_size:
+        raise ConfigError(
+            "batch_size",
+            f"the global batch {sizes.global_batch_size} exceeds the {data.train_len} training "
+            f"samples of {config.dataset}; use a smaller --batch-size",
+        )
+    return data
+
+
+def run_training(config: TrainConfig, root: str | Path) -> int:
+    """Run (or resume) the training run in ``root`` on this rank; returns the exit code.
+
+    Raises ConfigError (before anything is written) for bad input.
+    """
+    backend = None if config.backend == "auto" else config.backend
+    ctx = init_distributed(backend, config.collective_timeout_s)
+    run_dir = RunDir(root)
+    try:
+        data = _check_inputs(config, ctx)
+        fresh = _prepare_run_dir(config, run_dir, ctx)
+    except ConfigError:
+        shutdown()
+        raise
+    if not fresh:
+        if ctx.rank == 0:
+            print(f"{run_dir.root}: already done", flush=True)
+        shutdown()
+        return EXIT_DONE
+    job: Job | None = None
+    try:
+        job = Job(config, ctx, run_dir, data)
+        code = _run_attempt(job)
+    except BaseException as exc:  # every failure must leave the error marker
+        return _fail(run_dir, ctx, job, exc)
+    shutdown()
+    return code
+
+
+def _run_attempt(job: Job) -> int:
+    # Catch preemption signals from the start: a signal during set-up stops at the first step.
+    with PreemptionHandler() as preemption:
+        return _attempt(job, preemption)
+
+
+def _attempt(job: Job, preemption: PreemptionHandler) -> int:
+    run_dir, attempts = job.run_dir, job.attempts
+    pos = job.resume()
+    if job.rank == 0:
+        job.attempt = attempts.next_attempt()
+        job.wall_base_s = sum(a["wall_s"] for a in attempts.attempts())
+        attempts.start(job.attempt, pos.start_step)
+    if job.world_size > 1:
+        shared = torch.tensor(
+            [job.attempt, job.wall_base_s], dtype=torch.float64, device=job.comm_device
+        )
+        dist.broadcast(shared, src=0)
+        job.attempt, job.wall_base_s = int(shared[0].item()), float(shared[1].item())
+    recorder = WindowRecorder(
+        run_dir,
+        job.rank,
+        job.world_size,
+        job.comm_device,
+        job.sizes.global_batch_size,
+        job.attempt,
+    )
+    progress = Progress(job, job.config.progress)
+    end = job.loop(pos, recorder, progress, preemption)
+    job.finish(pos, recorder, end, progress)
+    if job.rank == 0:
+        attempt_wall = time.perf_counter() - job.started
+        attempts.end(job.attempt, pos.step, attempt_wall, end)
+        state = "preempted" if end == "preempted" else "done"
+        summary = build_summary(run_dir, state, job.facts(pos.step, recorder.rank0_step_s))
+        summary["end"] = end
+        write_json_atomic(run_dir.run, summary)
+        run_dir.write_marker(state)
+    if job.world_size > 1:
+        dist.barrier()
+    return REQUEUE_EXIT_CODE if end == "preempted" else EXIT_DONE
+
+
+def _fail(run_dir: RunDir, ctx: DistributedContext, job: Job | None, exc: BaseException) -> int:
+    """Leave the error marker (first failing rank's message wins) and a run.json, then end this
+    rank without touching the process group (a peer may be dead; collectives would hang)."""
+    message = f"rank {ctx.rank}: {type(exc).__name__}: {exc}"
+    try:
+        run_dir.root.mkdir(parents=True, exist_ok=True)
+        if run_dir.write_marker("error", message) and job is not None:
+            facts = job.facts(0, [])
+            facts["steps"] = max((r["step"] for r in run_dir.read_metrics()), default=0)
+            attempt_s = time.perf_counter() - job.started
+            job.attempts.end(job.attempt, facts["steps"], attempt_s, "error")
+            write_json_atomic(run_dir.run, build_summary(run_dir, "error", facts, message))
+    finally:
+        traceback.print_exception(exc)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if ctx.world_size > 1:
+            os._exit(EXIT_FAILED)
+    shutdown()
+    return EXIT_FAILED

@@ -1,0 +1,84 @@
+"""One training step of the job, and one evaluation pass.
+
+A step: data -> forward -> backward -> gradient allreduce -> learning rate -> the method's
+update. Decisions every rank must share (stop for the time limit, checkpoint by the clock)
+ride on the gradient allreduce as flags.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from kfac_hpc.train.data import ShardedBatches
+from kfac_hpc.train.grad_sync import GradientAllreduce
+from kfac_hpc.train.methods import Method
+from kfac_hpc.train.timing import PhaseTimer
+
+__all__ = ["EVAL_BATCH", "TrainStep", "evaluate"]
+
+EVAL_BATCH = 512
+
+
+class TrainStep:
+    """The step of one job: its model, data, gradient allreduce and method."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        batches: ShardedBatches,
+        device: torch.device,
+        method: Method,
+        world_size: int,
+    ) -> None:
+        self.model = model
+        self.batches = batches
+        self.device = device
+        self.method = method
+        self.grad_sync = GradientAllreduce(model, world_size)
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    def __call__(
+        self, step: int, lr: float, flags: list[float], timer: PhaseTimer
+    ) -> tuple[torch.Tensor, list[float]]:
+        """Optimizer step ``step`` at learning rate ``lr``; returns (loss, the flags summed over
+        ranks)."""
+        epoch, index = divmod(step, self.batches.steps_per_epoch)
+        x, y = self.batches.batch(epoch, index)
+        x = x.to(self.device, non_blocking=True)
+        y = y.to(self.device, non_blocking=True)
+        timer.lap("data")
+        loss = self.loss_fn(self.model(x), y)
+        timer.lap("forward")
+        optimizer = self.method.optimizer
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        timer.lap("backward")
+        flags = self.grad_sync(flags)
+        timer.lap("grad_allreduce")
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        self.method.step(timer, lambda: self.loss_fn(self.model(x), y))
+        return loss, flags
+
+
+def evaluate(
+    model: nn.Module, batches: ShardedBatches, device: torch.device, world_size: int
+) -> tuple[float, float]:
+    """(mean loss, accuracy) over every rank's share of the test set. Collective."""
+    model.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    with torch.no_grad():
+        for idx in batches.test_batches(EVAL_BATCH):
+            x, y = batches.source.test(idx)
+            x, y = x.to(device), y.to(device)
+            logits = model(x)
+            totals[0] += nn.functional.cross_entropy(logits, y, reduction="sum")
+            totals[1] += (logits.argmax(1) == y).sum()
+            totals[2] += len(y)
+    model.train()
+    if world_size > 1:
+        dist.all_reduce(totals)
+    loss, correct, count = totals.tolist()
+    return loss / max(count, 1.0), correct / max(count, 1.0)
