@@ -39,7 +39,7 @@ from kfac_hpc.train.config import TrainConfig
 from kfac_hpc.train.data import load_data
 from kfac_hpc.train.loop import Job, Position, Progress
 from kfac_hpc.train.records import NullRecorder, WindowRecorder
-from kfac_hpc.train.rundir import RunDir
+from kfac_hpc.contracts import RunDir
 from kfac_hpc.train.timing import NullTimer, PhaseTimer
 
 TARGET = 0.02

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kfac_hpc.phases import COMM_PHASES, PHASES
+from kfac_hpc.contracts.phases import COMM_PHASES, PHASES
 
 __all__ = ["COMM_PHASES", "PHASES", "RUN_SCHEMA", "TABLE_SCHEMA"]
 

@@ -41,7 +41,7 @@ from kfac_hpc.optim.second_order import (
     precondition_eigen,
     precondition_inverse,
 )
-from kfac_hpc.phases import KFAC_PHASES
+from kfac_hpc.contracts.phases import KFAC_PHASES
 
 __all__ = ["PHASES", "KFACPreconditioner"]
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kfac_hpc.atomic_write import write_text_atomic
+from kfac_hpc.contracts.atomic import write_text_atomic
 
 __all__ = ["STATES", "ArrayRecord", "Manifest", "PointRecord", "locked_manifest", "read_manifest"]
 

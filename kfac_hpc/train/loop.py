@@ -33,6 +33,7 @@ from kfac_hpc.checkpoint import (
     load_checkpoint,
     restore_training_state,
 )
+from kfac_hpc.contracts import SCHEMA_VERSION, ExitCode, RunDir, write_json_atomic
 from kfac_hpc.optim import KFACPreconditioner
 from kfac_hpc.runtime import DistributedContext, init_distributed, shutdown
 from kfac_hpc.train.config import ConfigError, TrainConfig, check_run_dir
@@ -42,13 +43,12 @@ from kfac_hpc.train.grad_sync import GradientAllreduce
 from kfac_hpc.train.models import build_model
 from kfac_hpc.train.optimizers import learning_rate, make_optimizer
 from kfac_hpc.train.records import WindowRecorder, peak_memory, step_time_stats
-from kfac_hpc.train.rundir import SCHEMA_VERSION, RunDir, write_json_atomic
 from kfac_hpc.train.summary import AttemptLog, build_summary
 from kfac_hpc.train.timing import PhaseTimer
 
 __all__ = ["Job", "run_training"]
 
-EXIT_DONE, EXIT_FAILED = 0, 1
+EXIT_DONE, EXIT_FAILED = ExitCode.DONE, ExitCode.FAILED
 _EVAL_BATCH = 512
 
 

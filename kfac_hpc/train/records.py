@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kfac_hpc.train.rundir import PHASES, SCHEMA_VERSION, RunDir
+from kfac_hpc.contracts import PHASES, SCHEMA_VERSION, RunDir
 from kfac_hpc.train.timing import PhaseTimer
 
 __all__ = ["NullRecorder", "WindowRecorder", "peak_memory", "step_time_stats"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kfac_hpc.train.rundir import PHASES, SCHEMA_VERSION, RunDir
+from kfac_hpc.contracts import PHASES, SCHEMA_VERSION, RunDir
 
 __all__ = ["AttemptLog", "build_summary"]
 
@@ -23,7 +23,7 @@ class AttemptLog:
 
     def __init__(self, run_dir: RunDir) -> None:
         self.run_dir = run_dir
-        self.path = run_dir.root / ".attempts.jsonl"
+        self.path = run_dir.attempts
 
     def _lines(self) -> list[dict[str, Any]]:
         if not self.path.exists():
