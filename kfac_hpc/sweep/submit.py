@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kfac_hpc.sweep import slurm
-from kfac_hpc.sweep.command import config_hash
+from kfac_hpc.sweep.command import group_hash
 from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.manifest import MANIFEST, ArrayRecord, Manifest, PointRecord, now
 from kfac_hpc.sweep.profile import SiteProfile, load_profile, train_command
@@ -148,7 +148,7 @@ def write_scripts(prepared: PreparedSweep) -> None:
 def new_manifest(prepared: PreparedSweep) -> Manifest:
     arrays = [ArrayRecord(s.name, s.nodes, s.relpath, len(s.points)) for s in prepared.scripts]
     points = [
-        PointRecord(p.point_id, p.params, config_hash(p.params), f"runs/{p.point_id}", s.name, i)
+        PointRecord(p.point_id, p.params, group_hash(p.params), f"runs/{p.point_id}", s.name, i)
         for s in prepared.scripts
         for i, p in enumerate(s.points)
     ]
