@@ -64,6 +64,11 @@ class Option:
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
+    def describe(self) -> str:
+        """The help text, its choices and unit included."""
+        text = self.help + (f": {', '.join(self.choices)}" if self.choices else "")
+        return text + (f" [{self.unit}]" if self.unit else "")
+
 
 def _o(name: str, kind: str, default: Any, help: str, **meta: Any) -> Option:
     return Option(name, kind, default, help, **meta)

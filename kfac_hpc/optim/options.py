@@ -28,8 +28,6 @@ class ComputeMethod(enum.Enum):
     INVERSE = "inverse"
 
 
-
-
 def _positive_int(value: float) -> str | None:
     ok = value >= 1 and float(value).is_integer()
     return None if ok else "an integer >= 1"

@@ -29,6 +29,7 @@ from kfac_hpc.comm import (
     KAISAGroups,
     any_rank,
 )
+from kfac_hpc.contracts.phases import KFAC_PHASES
 from kfac_hpc.optim.factors import LayerFactors
 from kfac_hpc.optim.layers import KFACLayer, make_layer
 from kfac_hpc.optim.options import ComputeMethod, KFACOptions
@@ -41,7 +42,6 @@ from kfac_hpc.optim.second_order import (
     precondition_eigen,
     precondition_inverse,
 )
-from kfac_hpc.contracts.phases import KFAC_PHASES
 
 __all__ = ["PHASES", "KFACPreconditioner"]
 

@@ -27,7 +27,6 @@ from kfac_hpc.contracts.grad_workers import check_grad_worker_fraction, parse_gr
 from kfac_hpc.contracts.options import (
     OPTIONS,
     InputError,
-    Option,
     check_value,
     coerce_value,
     expand_aliases,
@@ -172,15 +171,7 @@ def check_run_dir(config: TrainConfig, saved_hash: str | None, root: str) -> Non
 
 def field_help() -> dict[str, str]:
     """Field name -> help text with its choices and unit (used by the CLI and docs)."""
-    return {name: describe(option) for name, option in OPTIONS.items()}
-
-
-def describe(option: Option) -> str:
-    """The help text of an option, its choices and unit included."""
-    text = option.help
-    if option.choices:
-        text += f": {', '.join(option.choices)}"
-    return text + (f" [{option.unit}]" if option.unit else "")
+    return {name: option.describe() for name, option in OPTIONS.items()}
 
 
 def load_config(path: str | Path | None, overrides: Mapping[str, Any]) -> TrainConfig:
