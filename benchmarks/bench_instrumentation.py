@@ -34,12 +34,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # after OMP_NUM_THREADS: torch reads it at import
 
 from kfac_hpc.checkpoint import PreemptionHandler
+from kfac_hpc.contracts import RunDir
 from kfac_hpc.runtime import DistributedContext, init_distributed, shutdown
 from kfac_hpc.train.config import TrainConfig
 from kfac_hpc.train.data import load_data
 from kfac_hpc.train.loop import Job, Position, Progress
 from kfac_hpc.train.records import NullRecorder, WindowRecorder
-from kfac_hpc.contracts import RunDir
 from kfac_hpc.train.timing import NullTimer, PhaseTimer
 
 TARGET = 0.02

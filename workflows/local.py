@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import parsl
-from kfac_hpc.workflows.configs import local_config
 from parsl.app.app import bash_app
 
 from kfac_hpc.contracts.exit_codes import ExitCode
@@ -26,6 +25,7 @@ from kfac_hpc.sweep.command import train_argv
 from kfac_hpc.sweep.manifest import Manifest, PointRecord, locked_manifest, read_manifest
 from kfac_hpc.sweep.slurm import DEFAULT_MAX_ARRAY_SIZE
 from kfac_hpc.sweep.submit import new_manifest
+from kfac_hpc.workflows.configs import local_config
 
 if TYPE_CHECKING:
     from kfac_hpc.sweep.submit import PreparedSweep

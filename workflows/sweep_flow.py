@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import parsl
-from kfac_hpc.workflows.configs import login_config
 from parsl.app.app import python_app
 
 from kfac_hpc.contracts.rundir import RUN
@@ -25,6 +24,7 @@ from kfac_hpc.sweep.backends import backend_for
 from kfac_hpc.sweep.follow import status
 from kfac_hpc.sweep.manifest import Manifest, read_manifest
 from kfac_hpc.sweep.submit import PreparedSweep
+from kfac_hpc.workflows.configs import login_config
 
 __all__ = ["collected_runs", "report", "run_sweep", "wait_for_sweep"]
 

@@ -66,10 +66,11 @@ class Markers(NamedTuple):
 
 
 def read_marker(path: Path) -> str | None:
-    """The first non-empty line of a marker file, '' for an empty marker, None if absent."""
+    """The first non-empty line of a marker file, '' for an empty or unreadable marker, None
+    if absent (or its run directory is not a directory)."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError:
         return ""

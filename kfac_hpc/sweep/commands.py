@@ -168,8 +168,8 @@ def _sweep(
         from kfac_hpc.workflows.sweep_flow import run_sweep
 
         click.echo(run_sweep(prepared), nl=False)
-        points = read_manifest(prepared.sweep_dir).points
-        unfinished = [p for p in points if PointState(p.state) is not PointState.DONE]
+        final = read_manifest(prepared.sweep_dir).points
+        unfinished = [p for p in final if PointState(p.state) is not PointState.DONE]
         if unfinished:
             exit_with(
                 "sweep",

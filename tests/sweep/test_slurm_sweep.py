@@ -13,10 +13,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from kfac_hpc.workflows.sweep_flow import wait_for_sweep
 
 from kfac_hpc.sweep.manifest import read_manifest
 from kfac_hpc.sweep.spec import expand_points, load_spec
+from kfac_hpc.workflows.sweep_flow import wait_for_sweep
 from tests.analysis.checks import assert_report_complete, run_report
 from tests.conftest import clean_env
 from tests.sweep.helpers import cli
