@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,7 +26,10 @@ from typing import TypeVar
 from kfac_hpc.analysis.collect import collect
 from kfac_hpc.analysis.output import build_tables, write_tables
 from kfac_hpc.analysis.schema import PHASES
-from kfac_hpc.analysis.synthetic import SyntheticRun, write_sweep
+
+# The synthetic run writer is a test fixture (tests/synthetic_runs.py): run from a checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.synthetic_runs import SyntheticRun, write_sweep
 
 T = TypeVar("T")
 BUDGET_S = 2.0

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from kfac_hpc.analysis import schema
+from kfac_hpc.contracts.rundir import CONFIG, METRICS, RUN, Marker, Markers, read_markers
+from kfac_hpc.contracts.states import ENDED_BADLY, PointState, Verdict, classify_point
 
 JSON = dict[str, Any]
 
@@ -270,18 +272,6 @@ def read_metrics(path: Path, run: RunData, *, rank_arrays: bool = True) -> None:
         run.notes.append(f"metrics.jsonl: {bad} malformed record(s) skipped")
 
 
-def _marker_text(path: Path) -> str | None:
-    """The first non-empty line of a marker file, '' for an empty marker, None if absent."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return ""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0] if lines else ""
-
-
 def _segments_from_summary(run: RunData) -> list[Segment]:
     attempts = run.summary.get("attempts")
     if not isinstance(attempts, list):
@@ -345,34 +335,48 @@ def _segments_from_records(run: RunData, last_end: str) -> list[Segment]:
     return out
 
 
-def _state(run: RunData, done: str | None, error: str | None, preempted: str | None) -> None:
-    """Set ``run.state`` and ``run.reason`` from the markers, run.json and the manifest."""
+def _manifest_verdict(run: RunData) -> Verdict:
+    """The manifest's last known state of the point; without a manifest, a run dir with no
+    end marker may still be running (nothing here can ask its scheduler)."""
+    raw = str(run.manifest.get("state") or "")
+    try:
+        state = PointState(raw)
+    except ValueError:
+        return Verdict(
+            PointState.RUNNING,
+            "no done/error marker: still running, or killed before it could write one",
+        )
+    return Verdict(state, f"job {raw} (manifest)" + (", no done marker" * (state in ENDED_BADLY)))
+
+
+def _state(run: RunData, markers: Markers) -> None:
+    """Set ``run.state`` and ``run.reason`` from the markers, run.json and the manifest: the
+    point's state (:func:`classify_point`) as a row, after the checks that the files agree."""
     summary_state = run.summary.get("state")
-    job_state = str(run.manifest.get("state") or "")
-    if done is not None and error is not None:
+    if markers.done is not None and markers.error is not None:
         run.state, run.reason = schema.INVALID, "both done and error markers present"
-    elif error is not None or summary_state == "error":
-        message = error or str(run.summary.get("error") or "")
-        run.state, run.reason = schema.FAILED, f"error: {message or 'no message'}"
-    elif done is not None:
+        return
+    if markers.error is None and summary_state == str(Marker.ERROR):
+        markers = markers._replace(error=str(run.summary.get("error") or ""))
+    if markers.preempted is None and summary_state == str(Marker.PREEMPTED):
+        markers = markers._replace(preempted="")
+    known = _manifest_verdict(run)
+    verdict = classify_point(markers, known)
+    run.state = schema.ROW_STATE[verdict.state]
+    if markers.error is not None:  # run.json may say error where no marker is left
+        run.state, run.reason = schema.FAILED, f"error: {markers.error or 'no message'}"
+    elif markers.done is not None:
         if not run.summary:
             run.state, run.reason = schema.INVALID, "done marker but run.json missing or unreadable"
-        elif summary_state != "done":
+        elif summary_state != str(Marker.DONE):
             run.state = schema.INVALID
             run.reason = f"done marker but run.json says state {summary_state!r}"
-        else:
-            run.state = schema.DONE
-    elif job_state in schema.MANIFEST_FAILED:
-        run.state, run.reason = schema.FAILED, f"job {job_state} (manifest), no done marker"
-    elif preempted is not None or summary_state == "preempted":
-        run.state, run.reason = schema.INCOMPLETE, "preempted, waiting for requeue"
-    elif job_state == "done":
+    elif verdict.state is PointState.DONE:
         run.state, run.reason = schema.INVALID, "manifest says done but no done marker"
-    elif job_state in schema.MANIFEST_UNFINISHED:
-        run.state, run.reason = schema.INCOMPLETE, f"job {job_state} (manifest)"
+    elif verdict is known:
+        run.reason = known.detail
     else:
-        run.state = schema.INCOMPLETE
-        run.reason = "no done/error marker: still running, or killed before it could write one"
+        run.reason = "preempted, waiting for requeue"
 
 
 def read_run_dir(path: Path, point: JSON | None = None) -> RunData:
@@ -390,24 +394,24 @@ def read_run_dir(path: Path, point: JSON | None = None) -> RunData:
     )
     if not path.is_dir():
         job_state = str(point.get("state") or "")
-        if job_state in ("pending", "submitted", ""):
+        if job_state in (PointState.PENDING, PointState.SUBMITTED, ""):
             run.reason = f"not started (job {job_state or 'unknown'})"
-        elif job_state in schema.MANIFEST_FAILED:
+        elif job_state in ENDED_BADLY:
             run.state, run.reason = schema.FAILED, f"job {job_state} before creating its run dir"
         else:
             run.state, run.reason = schema.MISSING, f"run directory {path} does not exist"
         return run
-    for name, target in (("config.json", "config"), ("run.json", "summary")):
+    for name, target in ((CONFIG, "config"), (RUN, "summary")):
         try:
             setattr(run, target, _read_json(path / name) or {})
         except FileProblem as exc:
             run.notes.append(str(exc))
-    done, error = _marker_text(path / "done"), _marker_text(path / "error")
+    markers = read_markers(path)
     # A finished run's summary holds the per-rank figures; the records' arrays are not needed.
-    finished = done is not None and run.summary.get("state") == "done"
+    finished = markers.done is not None and run.summary.get("state") == str(Marker.DONE)
     per_rank = all(key in run.summary for key in ("rank_phases_s", "samples_per_s_per_rank"))
-    read_metrics(path / "metrics.jsonl", run, rank_arrays=not (finished and per_rank))
-    _state(run, done, error, _marker_text(path / "preempted"))
+    read_metrics(path / METRICS, run, rank_arrays=not (finished and per_rank))
+    _state(run, markers)
     if run.state == schema.DONE and not run.config:
         run.notes.append("config.json missing: parameters taken from run.json")
     for key in ("nodes", "ranks_per_node", "world_size"):
