@@ -21,14 +21,8 @@ from typing import Any
 
 from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.grad_workers import check_grad_worker_fraction
-from kfac_hpc.contracts.options import (
-    ALIASES,
-    OPTIONS,
-    Option,
-    check_value,
-    coerce_value,
-    expand_aliases,
-)
+from kfac_hpc.contracts.option_values import check_value, coerce_value, expand_aliases
+from kfac_hpc.contracts.options import ALIASES, OPTIONS, Option
 from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.safety import check_identifier, check_line, check_slurm_time
 

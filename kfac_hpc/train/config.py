@@ -23,14 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kfac_hpc.contracts.durations import parse_duration_s
+from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.grad_workers import check_grad_worker_fraction, parse_grad_worker_fraction
-from kfac_hpc.contracts.options import (
-    OPTIONS,
-    InputError,
-    check_value,
-    coerce_value,
-    expand_aliases,
-)
+from kfac_hpc.contracts.option_values import check_value, coerce_value, expand_aliases
+from kfac_hpc.contracts.options import OPTIONS
 
 if sys.version_info >= (3, 11):
     import tomllib
