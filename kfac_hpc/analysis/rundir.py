@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kfac_hpc.analysis import schema
+from kfac_hpc.contracts.records import EVAL, TRAIN
 from kfac_hpc.contracts.rundir import CONFIG, METRICS, RUN, Marker, Markers, read_markers
 from kfac_hpc.contracts.states import ENDED_BADLY, PointState, Verdict, classify_point
 
@@ -255,12 +256,12 @@ def read_metrics(path: Path, run: RunData, *, rank_arrays: bool = True) -> None:
                 bad += 1
             continue
         kind = obj.get("kind")
-        if kind == "train":
+        if kind == TRAIN:
             window = _window(obj)
             bad += window is None
             if window is not None:
                 run.windows.append(window)
-        elif kind == "eval":
+        elif kind == EVAL:
             point = _eval(obj)
             bad += point is None
             if point is not None:

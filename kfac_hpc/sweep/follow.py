@@ -11,6 +11,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from kfac_hpc.contracts.records import TRAIN
 from kfac_hpc.contracts.rundir import CONFIG, METRICS, Marker
 from kfac_hpc.contracts.states import LIVE, RESUMABLE, PointState
 from kfac_hpc.sweep.backends import backend_for
@@ -74,7 +75,7 @@ def progress(run_dir: Path) -> str:
             record = json.loads(line)
         except ValueError:
             continue
-        if record.get("kind") == "train":
+        if record.get("kind") == TRAIN:
             step = record.get("step")
             break
     if step is None:

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from kfac_hpc.contracts import PHASES, SCHEMA_VERSION, RunDir
+from kfac_hpc.contracts.records import TRAIN
 from kfac_hpc.train.timing import PhaseTimer
 
 __all__ = ["NullRecorder", "WindowRecorder", "peak_memory", "step_time_stats"]
@@ -85,7 +86,7 @@ class WindowRecorder:
         step_s = statistics.fmean(rank_step_s)
         record = {
             "schema": SCHEMA_VERSION,
-            "kind": "train",
+            "kind": TRAIN,
             "attempt": self.attempt,
             "step": step,
             "epoch": epoch,

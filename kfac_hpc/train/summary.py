@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from kfac_hpc.contracts import PHASES, SCHEMA_VERSION, RunDir
+from kfac_hpc.contracts.records import EVAL, TRAIN
 
 __all__ = ["AttemptLog", "build_summary"]
 
@@ -130,9 +131,9 @@ def build_summary(
     """The ``run.json`` object. ``facts`` holds what only the live job knows (world size,
     launcher, batch sizes, step statistics, memory, versions, ...); the rest is read from disk."""
     records = run_dir.read_metrics()
-    train = [r for r in records if r.get("kind") == "train"]
+    train = [r for r in records if r.get("kind") == TRAIN]
     evals = sorted(
-        (r for r in records if r.get("kind") == "eval"), key=lambda r: (r["attempt"], r["step"])
+        (r for r in records if r.get("kind") == EVAL), key=lambda r: (r["attempt"], r["step"])
     )
     attempts = AttemptLog(run_dir).attempts()
     world_size = facts["world_size"]
