@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.rundir import read_markers
 from kfac_hpc.contracts.states import PointState, Verdict, classify_point
 from kfac_hpc.sweep import slurm
+from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.manifest import Manifest, PointRecord
 
 if TYPE_CHECKING:
@@ -63,10 +63,10 @@ class SweepBackend(ABC):
 
 
 def backend_for(name: str) -> SweepBackend:
-    """The backend called ``name``; InputError naming the registered ones otherwise."""
+    """The backend called ``name``; SweepInputError naming the registered ones otherwise."""
     target = _REGISTRY.get(name)
     if target is None:
-        raise InputError("backend", f"{name!r} is not one of {', '.join(_REGISTRY)}")
+        raise SweepInputError("backend", f"{name!r} is not one of {', '.join(_REGISTRY)}")
     module, attr = target.split(":")
     backend: SweepBackend = getattr(importlib.import_module(module), attr)()
     return backend
