@@ -7,10 +7,11 @@ and a help text; ``--time-limit`` and ``--checkpoint-every`` accept durations.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
+from kfac_hpc.cli_errors import exit_with
 from kfac_hpc.contracts import ExitCode, RunDir
 from kfac_hpc.contracts.options import ALIASES, OPTIONS
 from kfac_hpc.train.config import ConfigError, check_run_dir, field_help, load_config
@@ -56,10 +57,9 @@ class _OneLineErrors(click.Command):
             raise
 
 
-def _bad_input(exc: ConfigError) -> None:
+def _bad_input(exc: ConfigError) -> NoReturn:
     flag = {"config": "--config", "run_dir": "--run-dir"}.get(exc.field, _flag(exc.field))
-    click.echo(f"kfac-hpc train: {flag}: {exc.reason}", err=True)
-    raise SystemExit(ExitCode.BAD_INPUT)
+    exit_with("train", f"{flag}: {exc.reason}", ExitCode.BAD_INPUT)
 
 
 @click.command(cls=_OneLineErrors)
@@ -99,6 +99,5 @@ def train(run_dir: str, config_file: str | None, **flags: Any) -> None:
     except ConfigError as exc:
         _bad_input(exc)
     except LaunchError as exc:
-        click.echo(f"kfac-hpc train: launch: {exc}", err=True)
-        raise SystemExit(ExitCode.BAD_INPUT) from None
+        exit_with("train", f"launch: {exc}", ExitCode.BAD_INPUT)
     raise SystemExit(code)
