@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from kfac_hpc.analysis import schema
+from kfac_hpc.analysis.run_state import row_state
 from kfac_hpc.contracts.records import EVAL, TRAIN
-from kfac_hpc.contracts.rundir import CONFIG, METRICS, RUN, Marker, Markers, read_markers
-from kfac_hpc.contracts.states import ENDED_BADLY, PointState, Verdict, classify_point
+from kfac_hpc.contracts.rundir import CONFIG, METRICS, RUN, Marker, read_markers
+from kfac_hpc.contracts.states import ENDED_BADLY, PointState
 
 JSON = dict[str, Any]
 
@@ -336,50 +337,6 @@ def _segments_from_records(run: RunData, last_end: str) -> list[Segment]:
     return out
 
 
-def _manifest_verdict(run: RunData) -> Verdict:
-    """The manifest's last known state of the point; without a manifest, a run dir with no
-    end marker may still be running (nothing here can ask its scheduler)."""
-    raw = str(run.manifest.get("state") or "")
-    try:
-        state = PointState(raw)
-    except ValueError:
-        return Verdict(
-            PointState.RUNNING,
-            "no done/error marker: still running, or killed before it could write one",
-        )
-    return Verdict(state, f"job {raw} (manifest)" + (", no done marker" * (state in ENDED_BADLY)))
-
-
-def _state(run: RunData, markers: Markers) -> None:
-    """Set ``run.state`` and ``run.reason`` from the markers, run.json and the manifest: the
-    point's state (:func:`classify_point`) as a row, after the checks that the files agree."""
-    summary_state = run.summary.get("state")
-    if markers.done is not None and markers.error is not None:
-        run.state, run.reason = schema.INVALID, "both done and error markers present"
-        return
-    if markers.error is None and summary_state == str(Marker.ERROR):
-        markers = markers._replace(error=str(run.summary.get("error") or ""))
-    if markers.preempted is None and summary_state == str(Marker.PREEMPTED):
-        markers = markers._replace(preempted="")
-    known = _manifest_verdict(run)
-    verdict = classify_point(markers, known)
-    run.state = schema.ROW_STATE[verdict.state]
-    if markers.error is not None:  # run.json may say error where no marker is left
-        run.state, run.reason = schema.FAILED, f"error: {markers.error or 'no message'}"
-    elif markers.done is not None:
-        if not run.summary:
-            run.state, run.reason = schema.INVALID, "done marker but run.json missing or unreadable"
-        elif summary_state != str(Marker.DONE):
-            run.state = schema.INVALID
-            run.reason = f"done marker but run.json says state {summary_state!r}"
-    elif verdict.state is PointState.DONE:
-        run.state, run.reason = schema.INVALID, "manifest says done but no done marker"
-    elif verdict is known:
-        run.reason = known.detail
-    else:
-        run.reason = "preempted, waiting for requeue"
-
-
 def read_run_dir(path: Path, point: JSON | None = None) -> RunData:
     """Read ``path`` (and its manifest ``point``, if any) into a :class:`RunData`; never raises."""
     point = point or {}
@@ -412,7 +369,7 @@ def read_run_dir(path: Path, point: JSON | None = None) -> RunData:
     finished = markers.done is not None and run.summary.get("state") == str(Marker.DONE)
     per_rank = all(key in run.summary for key in ("rank_phases_s", "samples_per_s_per_rank"))
     read_metrics(path / METRICS, run, rank_arrays=not (finished and per_rank))
-    _state(run, markers)
+    run.state, run.reason = row_state(markers, run.summary, run.manifest)
     if run.state == schema.DONE and not run.config:
         run.notes.append("config.json missing: parameters taken from run.json")
     for key in ("nodes", "ranks_per_node", "world_size"):
