@@ -33,7 +33,10 @@ from statistics import median
 
 from kfac_hpc.analysis.cache import CACHE_DIR
 from kfac_hpc.analysis.schema import PHASES
-from kfac_hpc.analysis.synthetic import SyntheticRun, write_sweep
+
+# The synthetic run writer is a test fixture (tests/synthetic_runs.py): run from a checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.synthetic_runs import SyntheticRun, write_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / ".work" / "bench-collect"

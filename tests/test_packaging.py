@@ -9,7 +9,18 @@ from pathlib import Path
 
 from tests.conftest import REPO, clean_env
 
-SUBPACKAGES = ("runtime", "comm", "optim", "checkpoint", "train", "sweep", "analysis", "workflows")
+SUBPACKAGES = (
+    "contracts",
+    "runtime",
+    "comm",
+    "optim",
+    "checkpoint",
+    "train",
+    "sweep",
+    "analysis",
+    "workflows",
+    "site_profiles",
+)
 
 
 def test_wheel_holds_every_subpackage_and_the_templates(tmp_path: Path) -> None:
@@ -38,5 +49,8 @@ def test_wheel_holds_every_subpackage_and_the_templates(tmp_path: Path) -> None:
     for sub in SUBPACKAGES:
         assert f"kfac_hpc/{sub}/__init__.py" in names, f"kfac_hpc.{sub} missing from the wheel"
     assert any(n.startswith("kfac_hpc/templates/") and n.endswith(".j2") for n in names)
+    for profile in ("local", "mpiexec", "mpirun"):
+        assert f"kfac_hpc/site_profiles/{profile}.toml" in names
+    assert not any(n.startswith("kfac_hpc/templates/") and n.endswith(".toml") for n in names)
     assert "kfac_hpc/py.typed" in names
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)

@@ -1,11 +1,13 @@
-"""Parsl configurations of the two scheduler backends.
+"""Parsl configurations of the workflows.
 
-- ``local``: no Slurm at all. Each point is an MPI app of Parsl's ``MPIExecutor`` on a
-  ``LocalProvider`` block; the executor's ``$PARSL_MPI_PREFIX`` is the venv's ``mpiexec``
-  (MPICH hydra) with the point's rank count. ``max_concurrent`` points run at once.
-- ``slurm``: Parsl does not make job arrays, so the arrays are rendered and submitted by
-  kfac-hpc itself; the workflow's own steps (submit, wait, collect, report) only call Slurm's
-  commands and read files, so they run in a thread pool on the login node.
+- :func:`local_config` (the local backend): no Slurm at all. Each point is an MPI app of
+  Parsl's ``MPIExecutor`` on a ``LocalProvider`` block; the executor's ``$PARSL_MPI_PREFIX`` is
+  the venv's ``mpiexec`` (MPICH hydra) with the point's rank count. ``max_concurrent`` points
+  run at once.
+- :func:`login_config` (the Slurm backend, and any backend whose scheduler holds the points):
+  Parsl does not make job arrays, so the arrays are rendered and submitted by kfac-hpc itself;
+  the workflow's own steps (submit, wait, collect, report) only call the scheduler's commands
+  and read files, so they run in a thread pool on the login node.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from parsl.executors import MPIExecutor, ThreadPoolExecutor
 from parsl.launchers import SimpleLauncher
 from parsl.providers import LocalProvider
 
-__all__ = ["local_config", "slurm_config"]
+__all__ = ["local_config", "login_config"]
 
 # The strategy's first poll otherwise waits ~5 s before starting the first block.
 _STRATEGY_PERIOD_S = 0.5
@@ -60,8 +62,8 @@ def local_config(run_dir: Path, max_concurrent: int = 1) -> Config:
     )
 
 
-def slurm_config(run_dir: Path) -> Config:
-    """The login-node side of a Slurm sweep: a few threads that submit, poll and collect."""
+def login_config(run_dir: Path) -> Config:
+    """The login-node side of a sweep: a few threads that submit, poll and collect."""
     return Config(
         executors=[ThreadPoolExecutor(label="login", max_threads=2)],
         strategy_period=_STRATEGY_PERIOD_S,

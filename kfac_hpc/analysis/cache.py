@@ -24,12 +24,13 @@ from typing import Any
 from kfac_hpc import __version__
 from kfac_hpc.analysis.aggregate import WindowStats
 from kfac_hpc.analysis.rundir import EvalPoint, RunData, Segment, new_run
+from kfac_hpc.contracts.rundir import CONFIG, METRICS, RUN, Marker
 
 JSON = dict[str, Any]
 CACHE_DIR = ".cache"
 CACHE_FILE = "collect.jsonl"
 # Every file read_run_dir opens in a run directory.
-RUN_FILES = ("config.json", "run.json", "metrics.jsonl", "done", "error", "preempted")
+RUN_FILES = (CONFIG, RUN, METRICS, *(str(m.value) for m in Marker))
 _HEADER = json.dumps(
     {"cache": "collect", "version": 1, "kfac_hpc": __version__, "byteorder": sys.byteorder}
 )

@@ -22,8 +22,13 @@ from kfac_hpc.analysis.output import (
     write_tables,
 )
 from kfac_hpc.analysis.tables import RUN_COLUMNS
+from kfac_hpc.contracts.exit_codes import ExitCode
 
-EXIT_ALL_DONE, EXIT_NOT_ALL_DONE, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_ALL_DONE, EXIT_NOT_ALL_DONE, EXIT_BAD_INPUT = (
+    ExitCode.DONE,
+    ExitCode.FAILED,
+    ExitCode.BAD_INPUT,
+)
 
 _source = click.argument(
     "source", type=click.Path(path_type=Path, file_okay=False), metavar="SWEEP_DIR"

@@ -21,9 +21,10 @@ from typing import Any
 from kfac_hpc.analysis import schema
 from kfac_hpc.analysis.cache import RunCache, encode
 from kfac_hpc.analysis.rundir import RunData, read_run_dir
+from kfac_hpc.contracts.rundir import CONFIG, METRICS, RUN, Marker
 
 # Files whose presence makes a folder a run directory.
-RUN_DIR_FILES = frozenset({"config.json", "metrics.jsonl", "run.json", "done", "error"})
+RUN_DIR_FILES = frozenset({CONFIG, METRICS, RUN, Marker.DONE.value, Marker.ERROR.value})
 SCAN_DEPTH = 4
 # Below this many runs to read per worker, starting processes costs more than it saves.
 RUNS_PER_WORKER = 16

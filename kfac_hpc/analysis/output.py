@@ -22,7 +22,7 @@ from kfac_hpc.analysis.tables import (
     segment_rows,
     varying_params,
 )
-from kfac_hpc.atomic_write import write_text_atomic
+from kfac_hpc.contracts.atomic import write_text_atomic
 
 Row = dict[str, Any]
 FORMATS = ("table", "csv", "json")

@@ -15,6 +15,10 @@ from typing import Any
 
 from kfac_hpc.analysis import schema
 from kfac_hpc.analysis.aggregate import WindowAccumulator, WindowStats, number
+from kfac_hpc.analysis.run_state import row_state
+from kfac_hpc.contracts.records import EVAL, TRAIN
+from kfac_hpc.contracts.rundir import CONFIG, METRICS, RUN, Marker, read_markers
+from kfac_hpc.contracts.states import ENDED_BADLY, PointState
 
 JSON = dict[str, Any]
 
@@ -218,9 +222,9 @@ def read_metrics(path: Path, run: RunData, *, rank_arrays: bool = True) -> None:
             bad += 1
             continue
         kind = obj.get("kind")
-        if kind == "train":
+        if kind == TRAIN:
             acc.add(obj)
-        elif kind == "eval":
+        elif kind == EVAL:
             point = _eval(obj)
             bad += point is None
             if point is not None:
@@ -233,18 +237,6 @@ def read_metrics(path: Path, run: RunData, *, rank_arrays: bool = True) -> None:
         run.notes.append("metrics.jsonl: last line truncated (skipped)")
     if bad:
         run.notes.append(f"metrics.jsonl: {bad} malformed record(s) skipped")
-
-
-def _marker_text(path: Path) -> str | None:
-    """The first non-empty line of a marker file, '' for an empty marker, None if absent."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return ""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0] if lines else ""
 
 
 def _segments_from_summary(run: RunData) -> list[Segment]:
@@ -297,36 +289,6 @@ def _segments_from_records(run: RunData, last_end: str) -> list[Segment]:
     return out
 
 
-def _state(run: RunData, done: str | None, error: str | None, preempted: str | None) -> None:
-    """Set ``run.state`` and ``run.reason`` from the markers, run.json and the manifest."""
-    summary_state = run.summary.get("state")
-    job_state = str(run.manifest.get("state") or "")
-    if done is not None and error is not None:
-        run.state, run.reason = schema.INVALID, "both done and error markers present"
-    elif error is not None or summary_state == "error":
-        message = error or str(run.summary.get("error") or "")
-        run.state, run.reason = schema.FAILED, f"error: {message or 'no message'}"
-    elif done is not None:
-        if not run.summary:
-            run.state, run.reason = schema.INVALID, "done marker but run.json missing or unreadable"
-        elif summary_state != "done":
-            run.state = schema.INVALID
-            run.reason = f"done marker but run.json says state {summary_state!r}"
-        else:
-            run.state = schema.DONE
-    elif job_state in schema.MANIFEST_FAILED:
-        run.state, run.reason = schema.FAILED, f"job {job_state} (manifest), no done marker"
-    elif preempted is not None or summary_state == "preempted":
-        run.state, run.reason = schema.INCOMPLETE, "preempted, waiting for requeue"
-    elif job_state == "done":
-        run.state, run.reason = schema.INVALID, "manifest says done but no done marker"
-    elif job_state in schema.MANIFEST_UNFINISHED:
-        run.state, run.reason = schema.INCOMPLETE, f"job {job_state} (manifest)"
-    else:
-        run.state = schema.INCOMPLETE
-        run.reason = "no done/error marker: still running, or killed before it could write one"
-
-
 def new_run(path: Path, point: JSON | None) -> RunData:
     """An empty :class:`RunData` of ``path`` with what its manifest ``point`` says."""
     point = point or {}
@@ -348,24 +310,24 @@ def read_run_dir(path: Path, point: JSON | None = None) -> RunData:
     run = new_run(path, point)
     if not path.is_dir():
         job_state = str(point.get("state") or "")
-        if job_state in ("pending", "submitted", ""):
+        if job_state in (PointState.PENDING, PointState.SUBMITTED, ""):
             run.reason = f"not started (job {job_state or 'unknown'})"
-        elif job_state in schema.MANIFEST_FAILED:
+        elif job_state in ENDED_BADLY:
             run.state, run.reason = schema.FAILED, f"job {job_state} before creating its run dir"
         else:
             run.state, run.reason = schema.MISSING, f"run directory {path} does not exist"
         return run
-    for name, target in (("config.json", "config"), ("run.json", "summary")):
+    for name, target in ((CONFIG, "config"), (RUN, "summary")):
         try:
             setattr(run, target, _read_json(path / name) or {})
         except FileProblem as exc:
             run.notes.append(str(exc))
-    done, error = _marker_text(path / "done"), _marker_text(path / "error")
+    markers = read_markers(path)
     # A finished run's summary holds the per-rank figures; the records' arrays are not needed.
-    finished = done is not None and run.summary.get("state") == "done"
+    finished = markers.done is not None and run.summary.get("state") == str(Marker.DONE)
     per_rank = all(key in run.summary for key in ("rank_phases_s", "samples_per_s_per_rank"))
-    read_metrics(path / "metrics.jsonl", run, rank_arrays=not (finished and per_rank))
-    _state(run, done, error, _marker_text(path / "preempted"))
+    read_metrics(path / METRICS, run, rank_arrays=not (finished and per_rank))
+    run.state, run.reason = row_state(markers, run.summary, run.manifest)
     if run.state == schema.DONE and not run.config:
         run.notes.append("config.json missing: parameters taken from run.json")
     for key in ("nodes", "ranks_per_node", "world_size"):

@@ -22,12 +22,16 @@ same plan; :class:`KAISAGroups` creates the torch process groups for it.
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
+
+from kfac_hpc.contracts.grad_workers import (
+    parse_grad_worker_fraction,
+    valid_grad_worker_fractions,
+)
 
 __all__ = [
     "AssignmentStrategy",
@@ -60,52 +64,6 @@ class DistributionStrategy(enum.Enum):
     COMM_OPT = "comm-opt"
     HYBRID_OPT = "hybrid-opt"
     MEM_OPT = "mem-opt"
-
-
-def valid_grad_worker_fractions(world_size: int) -> list[float]:
-    """The fractions g/P for every divisor g of P, smallest first."""
-    return [g / world_size for g in range(1, world_size + 1) if world_size % g == 0]
-
-
-def _fraction_error(value: object, world_size: int, why: str) -> ValueError:
-    valid = ", ".join(f"{f:g}" for f in valid_grad_worker_fractions(world_size))
-    return ValueError(
-        f"grad_worker_fraction={value!r} {why}; at world size {world_size} use comm-opt, "
-        f"mem-opt, hybrid-opt (0.5, even world sizes) or one of: {valid}"
-    )
-
-
-def parse_grad_worker_fraction(value: str | float, world_size: int) -> float:
-    """Resolve ``comm-opt`` (1), ``mem-opt`` (1/P), ``hybrid-opt`` (1/2) or a number ``f``
-    with f·P an integer dividing P; anything else is a ``ValueError`` listing the valid values.
-    """
-    if world_size < 1:
-        raise ValueError(f"world size {world_size} must be >= 1")
-    if isinstance(value, str):
-        name = value.strip().lower().replace("_", "-")
-        if name == "comm-opt":
-            return 1.0
-        if name == "mem-opt":
-            return 1.0 / world_size
-        if name == "hybrid-opt":
-            if world_size == 1:
-                return 1.0
-            if world_size % 2:
-                raise _fraction_error(value, world_size, "needs an even world size")
-            return 0.5
-        try:
-            value = float(name)
-        except ValueError:
-            raise _fraction_error(value, world_size, "is not a strategy name or number") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _fraction_error(value, world_size, "is not a strategy name or number")
-    workers = value * world_size
-    count = round(workers)
-    if not (0 < value <= 1) or not math.isclose(workers, count, abs_tol=1e-9):
-        raise _fraction_error(value, world_size, "times the world size is not a whole rank count")
-    if world_size % count:
-        raise _fraction_error(value, world_size, f"gives {count} grad workers, not a divisor")
-    return count / world_size
 
 
 def lpt_schedule(costs: list[float], bins: int, loads: list[float] | None = None) -> list[int]:

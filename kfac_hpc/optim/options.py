@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from kfac_hpc.comm import AssignmentStrategy
+from kfac_hpc.contracts.grad_workers import GRAD_WORKER_NAMES
 from kfac_hpc.optim.schedules import Hyperparameter, ScheduledValue
 
 __all__ = ["AssignmentStrategy", "ComputeMethod", "GradScalerLike", "KFACOptions"]
@@ -33,9 +34,6 @@ class GradScalerLike(Protocol):
     def get_scale(self) -> float: ...
 
     def is_enabled(self) -> bool: ...
-
-
-_FRACTION_NAMES = ("comm-opt", "mem-opt", "hybrid-opt")
 
 
 def _positive_int(value: float) -> str | None:
@@ -145,9 +143,9 @@ class KFACOptions:
         # Whether f·P divides P is checked against the world size by the assignment.
         fraction = self.grad_worker_fraction
         if isinstance(fraction, str):
-            if fraction not in _FRACTION_NAMES:
+            if fraction not in GRAD_WORKER_NAMES:
                 raise ValueError(
-                    f"grad_worker_fraction must be one of {', '.join(_FRACTION_NAMES)} or a "
+                    f"grad_worker_fraction must be one of {', '.join(GRAD_WORKER_NAMES)} or a "
                     f"float in (0, 1], got {fraction!r}"
                 )
         elif (
@@ -156,7 +154,7 @@ class KFACOptions:
             or not (0 < fraction <= 1)
         ):
             raise ValueError(
-                f"grad_worker_fraction must be one of {', '.join(_FRACTION_NAMES)} or a float "
+                f"grad_worker_fraction must be one of {', '.join(GRAD_WORKER_NAMES)} or a float "
                 f"in (0, 1], got {fraction!r}"
             )
 

@@ -31,6 +31,7 @@ from kfac_hpc.comm import (
     KAISAGroups,
     any_rank,
 )
+from kfac_hpc.contracts.phases import KFAC_PHASES
 from kfac_hpc.optim.compute import SecondOrder, make_method
 from kfac_hpc.optim.factors import LayerFactors
 from kfac_hpc.optim.kfac_state import KFACStateMixin
@@ -39,7 +40,6 @@ from kfac_hpc.optim.layers import KFACLayer, make_layer
 from kfac_hpc.optim.options import ComputeMethod, GradScalerLike, KFACOptions
 from kfac_hpc.optim.schedules import Hyperparameter
 from kfac_hpc.optim.second_order_update import SecondOrderUpdate
-from kfac_hpc.phases import KFAC_PHASES
 
 __all__ = ["PHASES", "KFACPreconditioner"]
 

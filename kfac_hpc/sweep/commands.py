@@ -1,128 +1,143 @@
-"""The click commands ``sweep``, ``status``, ``resume`` and ``cancel``: parse, call, print."""
+"""The ``kfac-hpc sweep`` group (``run``, ``status``, ``resume``, ``cancel``): parse, call,
+print. ``kfac-hpc sweep [OPTIONS]`` without a subcommand is ``sweep run``, and the top-level
+``status``, ``resume`` and ``cancel`` are the same commands.
+
+The train settings and axes flags are made from the job's option table
+(:mod:`kfac_hpc.contracts.options`), so a new train option is a sweep flag as well.
+"""
 
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
+from kfac_hpc.cli_errors import exit_with, guard
+from kfac_hpc.contracts.exit_codes import ExitCode
+from kfac_hpc.contracts.options import ALIASES
+from kfac_hpc.contracts.states import PointState
 from kfac_hpc.sweep import slurm
+from kfac_hpc.sweep.backends import BACKEND_NAMES
 from kfac_hpc.sweep.errors import SweepInputError
-from kfac_hpc.sweep.manifest import read_manifest
+from kfac_hpc.sweep.manifest import MANIFEST, read_manifest
+from kfac_hpc.sweep.spec import AXES, TRAIN_SETTINGS
 
-__all__ = ["cancel", "resume", "status", "sweep"]
+__all__ = ["cancel", "resume", "run", "status", "sweep"]
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _fail_on_errors(name: str, func: F) -> F:
-    """Bad input → one line naming the field, exit 2; a failing Slurm command → exit 1."""
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except SweepInputError as exc:
-            click.echo(f"kfac-hpc {name}: error: {exc}", err=True)
-            sys.exit(2)
-        except slurm.SlurmError as exc:
-            click.echo(f"kfac-hpc {name}: Slurm error: {exc}", err=True)
-            sys.exit(1)
-
-    wrapper.__name__, wrapper.__doc__ = func.__name__, func.__doc__
-    return wrapper  # type: ignore[return-value]
+_FAILURES = ((slurm.SlurmError, "Slurm error"),)
+_LIST = "comma-separated list"
 
 
 def _sweep_dir_arg(sweep_dir: str) -> Path:
     path = Path(sweep_dir)
-    if not (path / "manifest.json").exists():
+    if not (path / MANIFEST).exists():
         raise SweepInputError(
             "SWEEP_DIR", f"{path} holds no manifest.json; give a directory made by kfac-hpc sweep"
         )
     return path.resolve()
 
 
-_LIST = "comma-separated list"
+def _train_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """One flag per train setting and axis of the option table (reversed: help keeps order)."""
+    for name, option in reversed(list(AXES.items())):
+        text = f"Axis ({_LIST}): {option.describe()}."
+        command = click.option(option.flag, name, default=None, help=text)(command)
+    command = click.option(
+        "--train-arg",
+        "extra_args",
+        multiple=True,
+        help="Extra argument for kfac-hpc train (repeatable).",
+    )(command)
+    for name, setting in reversed(list(TRAIN_SETTINGS.items())):
+        flag = "--" + name.replace("_", "-")
+        if setting is None:
+            text = ALIASES[name][1]
+        else:
+            default = "" if setting.default in (None, ()) else f" [train: {setting.default}]"
+            text = f"{setting.describe()}{default}"
+        command = click.option(flag, name, default=None, help=text)(command)
+    return command
 
 
-@click.command("sweep")
-@click.option(
-    "-f",
-    "--file",
-    "sweep_file",
-    type=click.Path(dir_okay=False),
-    help="Sweep TOML file (flags override it).",
-)
-@click.option("--sweep-dir", default=None, help="Directory of the sweep [default: sweeps/NAME].")
-@click.option("--name", default=None, help="Sweep name (job names start with it) [default: sweep].")
-@click.option(
-    "--nodes", default=None, help=f"Node counts, {_LIST}: one Slurm array each (e.g. 1,2,4,16)."
-)
-@click.option("--ranks-per-node", default=None, help="MPI ranks per node [1].")
-@click.option("--gpus-per-node", default=None, help="GPUs per node [0, or the profile's].")
-@click.option("--cpus-per-task", default=None, help="CPUs per rank; sets OMP_NUM_THREADS [1].")
-@click.option("--repeats", default=None, help="Runs of every configuration [1].")
-@click.option("--model", default=None, help="Model of kfac-hpc train [mlp].")
-@click.option("--dataset", default=None, help="Dataset of kfac-hpc train [digits].")
-@click.option("--steps", default=None, help="Training steps per run.")
-@click.option("--epochs", default=None, help="Training epochs per run.")
-@click.option(
-    "--scaling", default=None, help="strong (fixed global batch) or weak (fixed per-rank batch)."
-)
-@click.option("--lr", default=None, help="Learning rate.")
-@click.option("--target-accuracy", default=None, help="Accuracy for time-to-target.")
-@click.option("--checkpoint-every", default=None, help="Checkpoint interval in steps.")
-@click.option(
-    "--train-arg",
-    "extra_args",
-    multiple=True,
-    help="Extra argument for kfac-hpc train (repeatable).",
-)
-@click.option("--optimizer", default=None, help=f"Axis: sgd, adam, adamw ({_LIST}).")
-@click.option("--kfac", default=None, help=f"Axis: K-FAC on/off ({_LIST}, e.g. true,false).")
-@click.option(
-    "--grad-worker-fraction", default=None, help=f"Axis: K-FAC grad-worker fraction ({_LIST})."
-)
-@click.option("--factor-update-steps", default=None, help=f"Axis: K-FAC factor interval ({_LIST}).")
-@click.option("--inv-update-steps", default=None, help=f"Axis: K-FAC inverse interval ({_LIST}).")
-@click.option("--batch-size", default=None, help=f"Axis: batch size ({_LIST}).")
-@click.option("--seed", default=None, help=f"Axis: random seeds ({_LIST}).")
-@click.option("--max-concurrent", default=None, help="At most K tasks of an array at once (%K).")
-@click.option(
-    "--serial", is_flag=True, default=None, help="One point at a time: arrays chained, %1."
-)
-@click.option(
-    "--profile",
-    default=None,
-    help="Site profile: shipped name (local, mpiexec, mpirun) or PATH.toml.",
-)
-@click.option("--time", default=None, help="Slurm time limit per point [the profile's].")
-@click.option("--signal-seconds", default=None, help="USR2 this many seconds before the limit.")
-@click.option(
-    "--sbatch-arg", "sbatch_args", multiple=True, help="Extra sbatch option (repeatable)."
-)
-@click.option(
-    "--template", type=click.Path(dir_okay=False), default=None, help="Own Jinja2 sbatch template."
-)
-@click.option(
-    "--backend", type=click.Choice(["slurm", "local"]), default="slurm", show_default=True
-)
-@click.option(
-    "--dry-run", is_flag=True, help="Write the scripts, print the sbatch commands, submit nothing."
-)
-@click.option(
-    "--wait", is_flag=True, help="Slurm: follow the sweep to the end and print the report."
-)
-def sweep(**options: Any) -> None:
+def _run_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The flags of ``sweep run``: the sweep's own, then the train settings and axes."""
+    command = _train_options(command)
+    for decorator in reversed(_SWEEP_OPTIONS):
+        command = decorator(command)
+    return command
+
+
+_SWEEP_OPTIONS = [
+    click.option(
+        "-f",
+        "--file",
+        "sweep_file",
+        type=click.Path(dir_okay=False),
+        help="Sweep TOML file (flags override it).",
+    ),
+    click.option("--sweep-dir", default=None, help="Directory of the sweep [sweeps/NAME]."),
+    click.option("--name", default=None, help="Sweep name (job names start with it) [sweep]."),
+    click.option(
+        "--nodes", default=None, help=f"Node counts, {_LIST}: one Slurm array each (e.g. 1,2,4)."
+    ),
+    click.option("--ranks-per-node", default=None, help="MPI ranks per node [1]."),
+    click.option("--gpus-per-node", default=None, help="GPUs per node [0, or the profile's]."),
+    click.option("--cpus-per-task", default=None, help="CPUs per rank; sets OMP_NUM_THREADS [1]."),
+    click.option("--repeats", default=None, help="Runs of every configuration [1]."),
+    click.option("--max-concurrent", default=None, help="At most K tasks of an array at once."),
+    click.option(
+        "--serial", is_flag=True, default=None, help="One point at a time: arrays chained, %1."
+    ),
+    click.option(
+        "--profile",
+        default=None,
+        help="Site profile: shipped name (local, mpiexec, mpirun) or PATH.toml.",
+    ),
+    click.option("--time", default=None, help="Slurm time limit per point [the profile's]."),
+    click.option("--signal-seconds", default=None, help="USR2 this many seconds before the limit."),
+    click.option(
+        "--sbatch-arg", "sbatch_args", multiple=True, help="Extra sbatch option (repeatable)."
+    ),
+    click.option(
+        "--template",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="Own Jinja2 sbatch template.",
+    ),
+    click.option("--backend", type=click.Choice(BACKEND_NAMES), default="slurm", show_default=True),
+    click.option(
+        "--dry-run",
+        is_flag=True,
+        help="Write the scripts, print the sbatch commands, submit nothing.",
+    ),
+    click.option(
+        "--wait", is_flag=True, help="Slurm: follow the sweep to the end and print the report."
+    ),
+]
+
+
+@click.group("sweep", invoke_without_command=True)
+@_run_options
+@click.pass_context
+def sweep(ctx: click.Context, **options: Any) -> None:
     """Expand a scaling sweep into Slurm job arrays (one per node count) and submit them,
-    or run it locally with MPI ranks (--backend local)."""
-    _fail_on_errors("sweep", _sweep)(**options)
+    or run it locally with MPI ranks (--backend local). Without a subcommand: `sweep run`."""
+    if ctx.invoked_subcommand is None:
+        _sweep(**options)
 
 
+@sweep.command("run")
+@_run_options
+def run(**options: Any) -> None:
+    """Expand a scaling sweep and submit it (the same as `kfac-hpc sweep [OPTIONS]`)."""
+    _sweep(**options)
+
+
+@guard("sweep", _FAILURES)
 def _sweep(
     sweep_file: str | None,
     sweep_dir: str | None,
@@ -132,8 +147,9 @@ def _sweep(
     wait: bool,
     **fields: Any,
 ) -> None:
+    from kfac_hpc.sweep.backends import backend_for
     from kfac_hpc.sweep.spec import load_spec
-    from kfac_hpc.sweep.submit import dry_run_lines, prepare_sweep, submit_sweep, write_scripts
+    from kfac_hpc.sweep.submit import dry_run_lines, prepare_sweep, write_scripts
 
     spec = load_spec(Path(sweep_file) if sweep_file else None, fields)
     directory = Path(sweep_dir) if sweep_dir else Path("sweeps") / spec.name
@@ -147,20 +163,22 @@ def _sweep(
         )
         click.echo("\n".join(dry_run_lines(prepared)))
         return
-    if backend == "local" or wait:
+    sweep_backend = backend_for(backend)
+    if sweep_backend.runs_in_process or wait:
         from kfac_hpc.workflows.sweep_flow import run_sweep
 
         click.echo(run_sweep(prepared), nl=False)
-        unfinished = [p for p in read_manifest(prepared.sweep_dir).points if p.state != "done"]
+        final = read_manifest(prepared.sweep_dir).points
+        unfinished = [p for p in final if PointState(p.state) is not PointState.DONE]
         if unfinished:
-            click.echo(
-                f"kfac-hpc sweep: {len(unfinished)} point(s) did not finish; see kfac-hpc status "
+            exit_with(
+                "sweep",
+                f"{len(unfinished)} point(s) did not finish; see kfac-hpc status "
                 f"{prepared.sweep_dir}, then kfac-hpc resume",
-                err=True,
+                ExitCode.FAILED,
             )
-            sys.exit(1)
         return
-    manifest = submit_sweep(prepared)
+    manifest = sweep_backend.submit(prepared)
     for array in manifest.arrays:
         job = array.submissions[-1]["array_job_id"]
         click.echo(
@@ -169,73 +187,48 @@ def _sweep(
     click.echo(f"{points} point(s) submitted; follow with: kfac-hpc status {prepared.sweep_dir}")
 
 
-@click.command("status")
+@sweep.command("status")
 @click.argument("sweep_dir")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per point.")
+@guard("status", _FAILURES)
 def status(sweep_dir: str, as_json: bool) -> None:
-    """State of every point of a sweep (squeue, sacct when available, run-dir markers)."""
+    """State of every point of a sweep (its backend's view, and the run-dir markers)."""
+    from kfac_hpc.sweep.follow import status as sweep_status
 
-    def run() -> None:
-        from kfac_hpc.sweep.follow import status as sweep_status
-
-        _, rows = sweep_status(_sweep_dir_arg(sweep_dir))
-        if as_json:
-            for row in rows:
-                click.echo(json.dumps(asdict(row)))
-            return
-        row_format = "{:12}  {:>5}  {:9}  {:14}  {:>5}  {:14}  {}"
-        click.echo(
-            row_format.format("point", "nodes", "state", "job", "tries", "progress", "detail")
-        )
-        for r in rows:
-            fields = (
-                r.point_id,
-                r.nodes,
-                r.state,
-                r.job_id or "-",
-                r.attempts,
-                r.progress,
-                r.detail,
-            )
-            click.echo(row_format.format(*fields))
-        counts: dict[str, int] = {}
-        for r in rows:
-            counts[r.state] = counts.get(r.state, 0) + 1
-        click.echo(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-
-    _fail_on_errors("status", run)()
+    _, rows = sweep_status(_sweep_dir_arg(sweep_dir))
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(asdict(row)))
+        return
+    row_format = "{:12}  {:>5}  {:9}  {:14}  {:>5}  {:14}  {}"
+    click.echo(row_format.format("point", "nodes", "state", "job", "tries", "progress", "detail"))
+    for r in rows:
+        fields = (r.point_id, r.nodes, r.state, r.job_id or "-", r.attempts, r.progress, r.detail)
+        click.echo(row_format.format(*fields))
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.state] = counts.get(r.state, 0) + 1
+    click.echo(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
 
 
-@click.command("resume")
+@sweep.command("resume")
 @click.argument("sweep_dir")
+@guard("resume", _FAILURES)
 def resume(sweep_dir: str) -> None:
-    """Resubmit only the failed, timed-out, cancelled and preempted points (preempted and
+    """Run again only the failed, timed-out, cancelled and preempted points (preempted and
     timed-out ones continue from their checkpoint)."""
+    from kfac_hpc.sweep.follow import resume_sweep
 
-    def run() -> None:
-        path = _sweep_dir_arg(sweep_dir)
-        if read_manifest(path).backend == "local":
-            from kfac_hpc.workflows.sweep_flow import resume_local
-
-            ids = resume_local(path)
-        else:
-            from kfac_hpc.sweep.follow import resume_sweep
-
-            ids = resume_sweep(path)
-        click.echo(f"resubmitted {len(ids)} point(s)" + (f": {' '.join(ids)}" if ids else ""))
-
-    _fail_on_errors("resume", run)()
+    ids = resume_sweep(_sweep_dir_arg(sweep_dir))
+    click.echo(f"resubmitted {len(ids)} point(s)" + (f": {' '.join(ids)}" if ids else ""))
 
 
-@click.command("cancel")
+@sweep.command("cancel")
 @click.argument("sweep_dir")
+@guard("cancel", _FAILURES)
 def cancel(sweep_dir: str) -> None:
     """Cancel every unfinished point of a sweep (scancel)."""
+    from kfac_hpc.sweep.follow import cancel_sweep
 
-    def run() -> None:
-        from kfac_hpc.sweep.follow import cancel_sweep
-
-        ids = cancel_sweep(_sweep_dir_arg(sweep_dir))
-        click.echo(f"cancelled {len(ids)} point(s)")
-
-    _fail_on_errors("cancel", run)()
+    ids = cancel_sweep(_sweep_dir_arg(sweep_dir))
+    click.echo(f"cancelled {len(ids)} point(s)")

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
+from kfac_hpc.contracts.errors import InputError
+
 __all__ = ["SweepInputError"]
 
 
-class SweepInputError(ValueError):
+class SweepInputError(InputError):
     """Bad user input. The CLI prints ``field: message`` on one line and exits 2."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kfac_hpc.atomic_write import write_text_atomic
+from kfac_hpc.contracts.atomic import write_text_atomic
 
 __all__ = ["STATES", "ArrayRecord", "Manifest", "PointRecord", "locked_manifest", "read_manifest"]
 
@@ -45,7 +45,7 @@ class PointRecord:
 
     point_id: str
     params: dict[str, Any]
-    config_hash: str
+    group_hash: str
     run_dir: str
     array: str
     array_index: int
@@ -91,7 +91,11 @@ class Manifest:
             raise ValueError(f"manifest schema {data.get('schema')!r} is not {SCHEMA}")
         data = dict(data)
         data["arrays"] = [ArrayRecord(**a) for a in data["arrays"]]
-        data["points"] = [PointRecord(**p) for p in data["points"]]
+        # ``group_hash`` was called ``config_hash`` (a name the job's own hash has too).
+        data["points"] = [
+            PointRecord(**{("group_hash" if k == "config_hash" else k): v for k, v in p.items()})
+            for p in data["points"]
+        ]
         return cls(**data)
 
     def write(self, sweep_dir: Path) -> None:

@@ -1,7 +1,7 @@
 """Site profiles: what differs between clusters (partition, account, launcher, setup, env).
 
 A profile is a TOML file. ``--profile NAME`` loads a profile shipped with the package
-(``slurm/templates/NAME.toml``, installed as ``kfac_hpc.templates``;
+(``slurm/site_profiles/NAME.toml``, installed as ``kfac_hpc.site_profiles``;
 ``slurm/profiles/`` holds example site profiles to copy); ``--profile PATH.toml``
 loads a user's file. Unknown keys are errors, so a typo never silently drops a setting.
 """
@@ -25,6 +25,7 @@ else:  # pragma: no cover - Python 3.10
 __all__ = ["LAUNCHERS", "SiteProfile", "builtin_profiles", "load_profile", "train_command"]
 
 LAUNCHERS = ("srun", "mpiexec", "mpirun")
+_SHIPPED = "kfac_hpc.site_profiles"
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ _FIELDS = set(SiteProfile.__dataclass_fields__) - {"name"}
 
 def builtin_profiles() -> list[str]:
     """Names of the profiles shipped with the package."""
-    root = resources.files("kfac_hpc.templates")
+    root = resources.files(_SHIPPED)
     return sorted(p.name[: -len(".toml")] for p in root.iterdir() if p.name.endswith(".toml"))
 
 
@@ -83,7 +84,7 @@ def load_profile(name_or_path: str) -> SiteProfile:
                 f"unknown profile {name_or_path!r}; shipped: {', '.join(builtin_profiles())}"
                 " (or give a .toml path)",
             )
-        text = resources.files("kfac_hpc.templates").joinpath(f"{name_or_path}.toml").read_text()
+        text = resources.files(_SHIPPED).joinpath(f"{name_or_path}.toml").read_text()
         name = name_or_path
     try:
         data = tomllib.loads(text)

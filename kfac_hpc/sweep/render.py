@@ -15,15 +15,16 @@ from pathlib import Path
 import jinja2
 
 from kfac_hpc import __version__
+from kfac_hpc.contracts.exit_codes import ExitCode
+from kfac_hpc.contracts.rundir import Marker
 from kfac_hpc.sweep.command import train_argv
 from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.profile import SiteProfile, train_command
 from kfac_hpc.sweep.safety import quote
 from kfac_hpc.sweep.spec import Point, SweepSpec
 
-__all__ = ["PREEMPTED_EXIT_CODE", "ArrayScript", "load_template", "render_array"]
+__all__ = ["ArrayScript", "load_template", "render_array"]
 
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: `kfac-hpc train` checkpointed and wants a requeue
 # Slurm constraint expressions: features joined by & | , with [ ] ( ) * and counts.
 _CONSTRAINT = re.compile(r"[A-Za-z0-9_.&|,\[\]()*:-]+")
 
@@ -101,7 +102,8 @@ def render_array(
         "launcher": profile.launcher,
         "srun_mpi": profile.srun_mpi,
         "train_command": train_command(profile),
-        "preempted_exit_code": PREEMPTED_EXIT_CODE,
+        "preempted_exit_code": int(ExitCode.PREEMPTED),
+        "markers": {m.name.lower(): str(m) for m in Marker},
         "cases": [
             {"index": i, "run_dir": f"runs/{p.point_id}", "argv": train_argv(p.params)}
             for i, p in enumerate(points)

@@ -2,8 +2,10 @@
 
 A sweep comes from flags and/or a TOML file with the same field names (flags win). The file
 has top-level sweep fields, a ``[train]`` table (fixed training settings) and an ``[axes]``
-table (lists of values to sweep). Validation happens once, here; everything downstream trusts
-the resulting :class:`SweepSpec`.
+table (lists of values to sweep). The train settings and axes are the job's options
+(:mod:`kfac_hpc.contracts.options`): a new option of ``kfac-hpc train`` is a sweep setting, or
+an axis, without editing this module. Validation happens once, here; everything downstream
+trusts the resulting :class:`SweepSpec`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kfac_hpc.contracts.errors import InputError
+from kfac_hpc.contracts.grad_workers import check_grad_worker_fraction
+from kfac_hpc.contracts.option_values import check_value, coerce_value, expand_aliases
+from kfac_hpc.contracts.options import ALIASES, OPTIONS, Option
 from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.safety import check_identifier, check_line, check_slurm_time
 
@@ -25,33 +31,27 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["AXES", "Point", "SweepSpec", "TrainSettings", "expand_points", "load_spec", "point_id"]
+__all__ = [
+    "AXES",
+    "TRAIN_SETTINGS",
+    "Point",
+    "SweepSpec",
+    "TrainSettings",
+    "expand_points",
+    "load_spec",
+    "point_id",
+]
 
-# Axes a sweep may vary, with the value type of each.
-AXES: dict[str, type] = {
-    "optimizer": str,
-    "kfac": bool,
-    "grad_worker_fraction": float,
-    "factor_update_steps": int,
-    "inv_update_steps": int,
-    "batch_size": int,
-    "seed": int,
+_ALIASED = {name for names, _ in ALIASES.values() for name in names}
+# Options a sweep may vary (each given as a list), and the fixed settings of its [train] table
+# (the aliases stand for the fields they set, as on the train command line).
+AXES: dict[str, Option] = {o.name: o for o in OPTIONS.values() if o.sweep and o.axis}
+TRAIN_SETTINGS: dict[str, Option | None] = {
+    **{alias: None for alias in ALIASES},
+    **{o.name: o for o in OPTIONS.values() if o.sweep and not o.axis and o.name not in _ALIASED},
 }
 # Axes that mean nothing without K-FAC: dropped from non-K-FAC points so they are not duplicated.
-KFAC_ONLY_AXES = ("grad_worker_fraction", "factor_update_steps", "inv_update_steps")
-OPTIMIZERS = ("sgd", "adam", "adamw")
-SCALINGS = ("strong", "weak")
-_TRAIN_FIELDS: dict[str, type] = {
-    "model": str,
-    "dataset": str,
-    "steps": int,
-    "epochs": int,
-    "scaling": str,
-    "lr": float,
-    "target_accuracy": float,
-    "checkpoint_every": int,
-    "extra_args": list,
-}
+KFAC_ONLY_AXES = tuple(name for name, o in AXES.items() if o.method == "kfac")
 _TOP_FIELDS: dict[str, type] = {
     "name": str,
     "nodes": list,
@@ -70,17 +70,17 @@ _TOP_FIELDS: dict[str, type] = {
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """Training settings shared by every point (passed to ``kfac-hpc train`` as flags)."""
+    """Training settings shared by every point (passed to ``kfac-hpc train`` as flags): only
+    those given; the job's own defaults apply to the others. ``settings.steps`` reads one
+    (None when not given)."""
 
-    model: str = "mlp"
-    dataset: str = "digits"
-    steps: int | None = None
-    epochs: int | None = None
-    scaling: str = "strong"
-    lr: float | None = None
-    target_accuracy: float | None = None
-    checkpoint_every: int | None = None
+    values: dict[str, Any] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in TRAIN_SETTINGS:
+            return self.values.get(name)
+        raise AttributeError(name)
 
 
 @dataclass(frozen=True)
@@ -187,12 +187,13 @@ def _read_file(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise SweepInputError("sweep_file", f"{path} is not valid TOML: {exc}") from None
     flat: dict[str, Any] = {}
+    train_keys = [*TRAIN_SETTINGS, "extra_args"]
     for key, value in data.items():
         if key == "train" and isinstance(value, dict):
             for sub, subval in value.items():
-                if sub not in _TRAIN_FIELDS:
+                if sub not in train_keys:
                     raise SweepInputError(
-                        f"train.{sub}", f"unknown train setting; valid: {', '.join(_TRAIN_FIELDS)}"
+                        f"train.{sub}", f"unknown train setting; valid: {', '.join(train_keys)}"
                     )
                 flat[sub] = subval
         elif key == "axes" and isinstance(value, dict):
@@ -209,11 +210,33 @@ def _read_file(path: Path) -> dict[str, Any]:
     return flat
 
 
+def _option_value(option: Option, value: Any) -> Any:
+    """One value of a train option, from TOML or the command line, validated by the table.
+    Grad-worker fractions that are numbers become floats (``0.5``), names stay names."""
+    try:
+        if option.check == "grad_workers":
+            return check_grad_worker_fraction(value)
+        coerced = coerce_value(option, value, text=True)
+        check_value(option, coerced)
+    except (InputError, ValueError) as exc:
+        raise SweepInputError(option.name, str(exc).removeprefix(f"{option.name}: ")) from None
+    if isinstance(coerced, str):
+        check_line(option.name, coerced)
+    return coerced
+
+
+def _axis(name: str, value: Any) -> tuple[Any, ...]:
+    """A non-empty list of an axis's values; ``"1,2,4"`` from the command line is split."""
+    option = AXES[name]
+    return tuple(_option_value(option, v) for v in _as_list(name, value, str))
+
+
 def load_spec(sweep_file: Path | None, overrides: Mapping[str, Any]) -> SweepSpec:
     """Merge the file (if any) and the flags (``None`` = not given), validate, build the spec."""
     raw: dict[str, Any] = _read_file(sweep_file) if sweep_file is not None else {}
     for key, value in overrides.items():
-        if key not in _TOP_FIELDS and key not in _TRAIN_FIELDS and key not in AXES:
+        known = (*_TOP_FIELDS, *TRAIN_SETTINGS, *AXES, "extra_args")
+        if key not in known:
             raise SweepInputError(key, "unknown sweep field")
         if value is not None and value != ():
             raw[key] = value
@@ -225,16 +248,7 @@ def load_spec(sweep_file: Path | None, overrides: Mapping[str, Any]) -> SweepSpe
         return _coerce(name, raw[name], kind) if raw.get(name) is not None else default
 
     train = _train_settings(raw, scalar)
-    axes = {name: _as_list(name, raw[name], kind) for name, kind in AXES.items() if name in raw}
-    for opt in axes.get("optimizer", ()):
-        if opt not in OPTIMIZERS:
-            raise SweepInputError("optimizer", f"{opt!r} is not one of {', '.join(OPTIMIZERS)}")
-    for name in ("factor_update_steps", "inv_update_steps", "batch_size"):
-        for v in axes.get(name, ()):
-            _positive(name, v)
-    for v in axes.get("grad_worker_fraction", ()):
-        if not 0.0 < v <= 1.0:
-            raise SweepInputError("grad_worker_fraction", f"{v} must be in (0, 1]")
+    axes = {name: _axis(name, raw[name]) for name in AXES if name in raw}
     max_concurrent = scalar("max_concurrent", int, None)
     signal_seconds = scalar("signal_seconds", int, None)
     time = scalar("time", str, None)
@@ -269,26 +283,22 @@ def _string_list(fld: str, value: Any) -> tuple[str, ...]:
 
 
 def _train_settings(raw: Mapping[str, Any], scalar: Any) -> TrainSettings:
-    steps, epochs = scalar("steps", int, None), scalar("epochs", int, None)
-    if steps is not None and epochs is not None:
+    if raw.get("steps") is not None and raw.get("epochs") is not None:
         raise SweepInputError("steps", "give either steps or epochs, not both")
-    scaling = scalar("scaling", str, "strong")
-    if scaling not in SCALINGS:
-        raise SweepInputError("scaling", f"{scaling!r} is not one of {', '.join(SCALINGS)}")
-    checkpoint_every = scalar("checkpoint_every", int, None)
-    return TrainSettings(
-        model=check_identifier("model", scalar("model", str, "mlp")),
-        dataset=check_identifier("dataset", scalar("dataset", str, "digits")),
-        steps=None if steps is None else _positive("steps", steps),
-        epochs=None if epochs is None else _positive("epochs", epochs),
-        scaling=scaling,
-        lr=scalar("lr", float, None),
-        target_accuracy=scalar("target_accuracy", float, None),
-        checkpoint_every=None
-        if checkpoint_every is None
-        else _positive("checkpoint_every", checkpoint_every),
-        extra_args=_string_list("extra_args", raw.get("extra_args", ())),
-    )
+    values: dict[str, Any] = {}
+    for name, option in TRAIN_SETTINGS.items():
+        value = raw.get(name)
+        if value is None:
+            continue
+        if option is None:  # an alias: checked as the job reads it, passed on as written
+            try:
+                expand_aliases({name: value})
+            except InputError as exc:
+                raise SweepInputError(name, exc.reason) from None
+            values[name] = check_line(name, str(value)) if isinstance(value, str) else value
+        else:
+            values[name] = _option_value(option, value)
+    return TrainSettings(values, _string_list("extra_args", raw.get("extra_args", ())))
 
 
 def expand_points(spec: SweepSpec) -> list[Point]:
@@ -318,7 +328,7 @@ def expand_points(spec: SweepSpec) -> list[Point]:
 
 
 def _train_params(train: TrainSettings) -> dict[str, Any]:
-    out = {k: v for k, v in asdict(train).items() if v is not None and k != "extra_args"}
+    out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in train.values.items()}
     if train.extra_args:
         out["extra_args"] = list(train.extra_args)
     return out

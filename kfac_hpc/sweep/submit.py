@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from kfac_hpc.sweep import slurm
-from kfac_hpc.sweep.command import config_hash
+from kfac_hpc.sweep.backends import backend_for
+from kfac_hpc.sweep.command import group_hash
 from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.manifest import MANIFEST, ArrayRecord, Manifest, PointRecord, now
 from kfac_hpc.sweep.profile import SiteProfile, load_profile, train_command
@@ -31,8 +32,6 @@ __all__ = [
     "submit_array",
     "submit_sweep",
 ]
-
-BACKENDS = ("slurm", "local")
 
 
 @dataclass(frozen=True)
@@ -78,9 +77,8 @@ def _check_sweep_dir(sweep_dir: Path) -> None:
 def prepare_sweep(
     spec: SweepSpec, sweep_dir: Path, backend: str, template: Path | None = None
 ) -> PreparedSweep:
-    """Validate and render every array; raises SweepInputError before touching the cluster."""
-    if backend not in BACKENDS:
-        raise SweepInputError("backend", f"{backend!r} is not one of {', '.join(BACKENDS)}")
+    """Validate and render every array; raises InputError before touching the cluster."""
+    sweep_backend = backend_for(backend)
     profile = load_profile(spec.profile)
     for arg in (*profile.sbatch_args, *spec.sbatch_args):
         if not arg.startswith("-") or arg.startswith("--wrap"):
@@ -88,10 +86,7 @@ def prepare_sweep(
                 "sbatch_args", f"{arg!r} is not an sbatch option (e.g. --exclusive, --mem=8G)"
             )
     tmpl = load_template(template)
-    max_size = slurm.DEFAULT_MAX_ARRAY_SIZE
-    if backend == "slurm":
-        slurm.require_sbatch()
-        max_size = slurm.max_array_size()
+    max_size = sweep_backend.max_array_size()
     points = expand_points(spec)
     scripts = tuple(
         render_array(tmpl, spec, profile, name, group)
@@ -148,7 +143,7 @@ def write_scripts(prepared: PreparedSweep) -> None:
 def new_manifest(prepared: PreparedSweep) -> Manifest:
     arrays = [ArrayRecord(s.name, s.nodes, s.relpath, len(s.points)) for s in prepared.scripts]
     points = [
-        PointRecord(p.point_id, p.params, config_hash(p.params), f"runs/{p.point_id}", s.name, i)
+        PointRecord(p.point_id, p.params, group_hash(p.params), f"runs/{p.point_id}", s.name, i)
         for s in prepared.scripts
         for i, p in enumerate(s.points)
     ]

@@ -1,5 +1,5 @@
 """The training job ``kfac-hpc train``: config -> model + data + optimizer -> loop -> records.
 
-Kept import-light: ``kfac_hpc.train.config`` and ``kfac_hpc.train.rundir`` need no torch, so
-the sweep and the collector can use the field names and the run-directory checker.
+Kept import-light: ``kfac_hpc.train.config`` needs no torch. The run directory's layout and
+the options' metadata live in :mod:`kfac_hpc.contracts`.
 """

@@ -6,70 +6,42 @@ and a help text; ``--time-limit`` and ``--checkpoint-every`` accept durations.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
-from kfac_hpc.train.config import (
-    ConfigError,
-    TrainConfig,
-    check_run_dir,
-    field_help,
-    load_config,
-)
-from kfac_hpc.train.rundir import RunDir
+from kfac_hpc.cli_errors import exit_with
+from kfac_hpc.contracts import ExitCode, RunDir
+from kfac_hpc.contracts.options import ALIASES, OPTIONS
+from kfac_hpc.train.config import ConfigError, check_run_dir, field_help, load_config
 
 __all__ = ["train"]
 
-EXIT_BAD_INPUT = 2
-# Fields set through a friendlier flag than their own name.
-_ALIASES = {
-    "time_limit_s": "time_limit",
-    "checkpoint_every_steps": "checkpoint_every",
-    "checkpoint_every_min": "checkpoint_every",
-}
-_EXTRA_HELP = {
-    "time_limit": "stop training after this wall time (90s, 30m, 2h, HH:MM:SS); the run ends "
-    "done, with a final evaluation",
-    "checkpoint_every": "checkpoint every N steps (an integer) or every duration (10m, 1h)",
-}
+# Field -> the friendlier flag that sets it (``--time-limit`` for ``time_limit_s``).
+_ALIAS_OF = {name: alias for alias, (names, _) in ALIASES.items() for name in names}
 
 
 def _flag(name: str) -> str:
-    return "--" + _ALIASES.get(name, name).replace("_", "-")
-
-
-def _type(annotation: str) -> Any:
-    base = annotation.replace(" | None", "")
-    return {"int": int, "float": float}.get(base, str)
+    return "--" + _ALIAS_OF.get(name, name).replace("_", "-")
 
 
 def _options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Add one option per TrainConfig field (aliases once), in reverse so help keeps order."""
+    """Add one option per option of the table (aliases once), in reverse so help keeps order."""
     helps = field_help()
-    fields = [f for f in dataclasses.fields(TrainConfig) if f.name not in _ALIASES]
-    for f in reversed(fields):
-        annotation = str(f.type)
-        default = f.default if f.default not in (None, ()) else None
+    for option in reversed([o for o in OPTIONS.values() if o.name not in _ALIAS_OF]):
+        default = option.default if option.default not in (None, ()) else None
         shown = f" [default: {default}]" if default is not None else ""
-        flag = _flag(f.name)
-        if annotation == "bool":
+        name, flag = option.name, option.flag
+        if option.kind == "bool":
             decls = [f"{flag}/--no-{flag[2:]}"]
-            command = click.option(*decls, f.name, default=None, help=helps[f.name] + shown)(
-                command
-            )
+            command = click.option(*decls, name, default=None, help=helps[name] + shown)(command)
             continue
-        if annotation.startswith("tuple"):
-            text = helps[f.name] + " (comma-separated)"
-        else:
-            text = helps[f.name] + shown
-        command = click.option(flag, f.name, type=_type(annotation), default=None, help=text)(
-            command
-        )
+        text = helps[name] + (" (comma-separated)" if option.kind in ("strs", "ints") else shown)
+        kind = {"int": int, "float": float}.get(option.kind, str)
+        command = click.option(flag, name, type=kind, default=None, help=text)(command)
     for alias in ("checkpoint_every", "time_limit"):
-        command = click.option(_flag(alias), alias, type=str, help=_EXTRA_HELP[alias])(command)
+        command = click.option(_flag(alias), alias, type=str, help=ALIASES[alias][1])(command)
     return command
 
 
@@ -85,10 +57,9 @@ class _OneLineErrors(click.Command):
             raise
 
 
-def _bad_input(exc: ConfigError) -> None:
+def _bad_input(exc: ConfigError) -> NoReturn:
     flag = {"config": "--config", "run_dir": "--run-dir"}.get(exc.field, _flag(exc.field))
-    click.echo(f"kfac-hpc train: {flag}: {exc.reason}", err=True)
-    raise SystemExit(EXIT_BAD_INPUT)
+    exit_with("train", f"{flag}: {exc.reason}", ExitCode.BAD_INPUT)
 
 
 @click.command(cls=_OneLineErrors)
@@ -128,6 +99,5 @@ def train(run_dir: str, config_file: str | None, **flags: Any) -> None:
     except ConfigError as exc:
         _bad_input(exc)
     except LaunchError as exc:
-        click.echo(f"kfac-hpc train: launch: {exc}", err=True)
-        raise SystemExit(EXIT_BAD_INPUT) from None
+        exit_with("train", f"launch: {exc}", ExitCode.BAD_INPUT)
     raise SystemExit(code)

@@ -24,6 +24,7 @@ from kfac_hpc.checkpoint import (
     load_checkpoint,
     restore_training_state,
 )
+from kfac_hpc.contracts import PHASES, RunDir
 from kfac_hpc.runtime import DistributedContext
 from kfac_hpc.train.config import TrainConfig
 from kfac_hpc.train.data import DataSource, ShardedBatches
@@ -34,7 +35,6 @@ from kfac_hpc.train.optimizers import learning_rate
 from kfac_hpc.train.preemption import PreemptionHandler
 from kfac_hpc.train.progress import Progress
 from kfac_hpc.train.records import WindowRecorder, eval_record, run_facts
-from kfac_hpc.train.rundir import PHASES, RunDir
 from kfac_hpc.train.step import TrainStep, evaluate
 from kfac_hpc.train.summary import AttemptLog
 from kfac_hpc.train.timing import PhaseTimer

@@ -119,7 +119,7 @@ def _resnet50(channels: int, num_classes: int) -> nn.Module:
 
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    """The network ``name`` for inputs of shape (C, H, W); names are config.MODELS."""
+    """The network ``name`` for inputs of shape (C, H, W); names are contracts.options.MODELS."""
     channels, height, width = input_shape
     if name == "small_cnn":
         return SmallCNN(channels, num_classes)

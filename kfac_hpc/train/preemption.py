@@ -17,9 +17,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from kfac_hpc.contracts import ExitCode
+
 __all__ = ["DEFAULT_SIGNALS", "REQUEUE_EXIT_CODE", "PreemptionHandler", "parse_signal"]
 
-REQUEUE_EXIT_CODE = 75  # EX_TEMPFAIL, docs/contracts.md
+REQUEUE_EXIT_CODE = int(ExitCode.PREEMPTED)  # 75, EX_TEMPFAIL
 DEFAULT_SIGNALS = ("USR2", "TERM")
 
 

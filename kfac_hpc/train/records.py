@@ -18,9 +18,10 @@ import torch
 import torch.distributed as dist
 
 from kfac_hpc import __version__
+from kfac_hpc.contracts import SCHEMA_VERSION, RunDir
+from kfac_hpc.contracts.records import EVAL, TRAIN
 from kfac_hpc.runtime import DistributedContext
 from kfac_hpc.train.config import TrainConfig
-from kfac_hpc.train.rundir import SCHEMA_VERSION, RunDir
 from kfac_hpc.train.timing import PhaseTimer
 
 __all__ = [
@@ -102,7 +103,7 @@ class WindowRecorder:
         step_s = statistics.fmean(rank_step_s)
         record = {
             "schema": SCHEMA_VERSION,
-            "kind": "train",
+            "kind": TRAIN,
             "attempt": self.attempt,
             "step": step,
             "epoch": epoch,
@@ -161,7 +162,7 @@ def eval_record(
     """The ``eval`` record of docs/contracts.md."""
     return {
         "schema": SCHEMA_VERSION,
-        "kind": "eval",
+        "kind": EVAL,
         "attempt": attempt,
         "step": step,
         "epoch": epoch,

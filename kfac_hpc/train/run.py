@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from kfac_hpc.contracts import SCHEMA_VERSION, ExitCode, RunDir, write_json_atomic
 from kfac_hpc.runtime import DistributedContext, init_distributed, shutdown
 from kfac_hpc.train.config import ConfigError, TrainConfig, check_run_dir
 from kfac_hpc.train.data import DataSource, load_data
@@ -21,12 +22,11 @@ from kfac_hpc.train.job import Job
 from kfac_hpc.train.preemption import REQUEUE_EXIT_CODE, PreemptionHandler
 from kfac_hpc.train.progress import Progress
 from kfac_hpc.train.records import WindowRecorder
-from kfac_hpc.train.rundir import SCHEMA_VERSION, RunDir, write_json_atomic
 from kfac_hpc.train.summary import build_summary
 
 __all__ = ["EXIT_DONE", "EXIT_FAILED", "run_training"]
 
-EXIT_DONE, EXIT_FAILED = 0, 1
+EXIT_DONE, EXIT_FAILED = int(ExitCode.DONE), int(ExitCode.FAILED)
 
 
 def _prepare_run_dir(config: TrainConfig, run_dir: RunDir, ctx: DistributedContext) -> bool:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kfac_hpc.train.rundir import PHASES, SCHEMA_VERSION, RunDir
+from kfac_hpc.contracts import PHASES, SCHEMA_VERSION, RunDir
+from kfac_hpc.contracts.records import EVAL, TRAIN
 
 __all__ = ["AttemptLog", "build_summary"]
 
@@ -23,7 +24,7 @@ class AttemptLog:
 
     def __init__(self, run_dir: RunDir) -> None:
         self.run_dir = run_dir
-        self.path = run_dir.root / ".attempts.jsonl"
+        self.path = run_dir.attempts
 
     def _lines(self) -> list[dict[str, Any]]:
         if not self.path.exists():
@@ -130,9 +131,9 @@ def build_summary(
     """The ``run.json`` object. ``facts`` holds what only the live job knows (world size,
     launcher, batch sizes, step statistics, memory, versions, ...); the rest is read from disk."""
     records = run_dir.read_metrics()
-    train = [r for r in records if r.get("kind") == "train"]
+    train = [r for r in records if r.get("kind") == TRAIN]
     evals = sorted(
-        (r for r in records if r.get("kind") == "eval"), key=lambda r: (r["attempt"], r["step"])
+        (r for r in records if r.get("kind") == EVAL), key=lambda r: (r["attempt"], r["step"])
     )
     attempts = AttemptLog(run_dir).attempts()
     world_size = facts["world_size"]

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from kfac_hpc.train.rundir import PHASES
+from kfac_hpc.contracts import PHASES
 
 __all__ = ["PHASES", "NullTimer", "PhaseTimer"]
 

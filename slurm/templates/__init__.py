@@ -1,1 +1,1 @@
-"""Jinja2 sbatch templates and site profiles, installed as ``kfac_hpc.templates``."""
+"""The Jinja2 sbatch template, installed as ``kfac_hpc.templates``."""

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from kfac_hpc.analysis.synthetic import SyntheticRun, write_sweep
 from tests.analysis.checks import assert_plot, assert_report_complete, run_report
+from tests.synthetic_runs import SyntheticRun, write_sweep
 
 PHASES = {"forward": 0.01, "backward": 0.02, "grad_allreduce": 0.005, "factor_comm": 0.002}
 ACC = {10: 0.5, 20: 0.8, 30: 0.92, 40: 0.95}
@@ -169,7 +169,7 @@ def test_parquet_tables_match_the_csv_rows(tmp_path):
 def test_analysis_imports_no_torch_train_optim_or_sweep():
     code = (
         "import sys\n"
-        "import kfac_hpc.analysis.cli, kfac_hpc.analysis.report, kfac_hpc.analysis.synthetic\n"
+        "import kfac_hpc.analysis.cli, kfac_hpc.analysis.report, tests.synthetic_runs\n"
         "bad = [m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith(\n"
         "    ('kfac_hpc.train', 'kfac_hpc.optim', 'kfac_hpc.sweep', 'kfac_hpc.comm'))]\n"
         "print(bad)\n"

@@ -33,7 +33,14 @@ def test_local_backend_runs_the_sweep_without_slurm_and_resumes_a_failed_point(t
     }
     sweep_dir = tmp_path / "local"
     points = expand_points(
-        spec(nodes="1,2", kfac="true", steps=10, name="loc", extra_args=["--no-progress"])
+        spec(
+            nodes="1,2",
+            kfac="true",
+            steps=10,
+            name="loc",
+            extra_args=["--no-progress"],
+            model="mlp",
+        )
     )
     blocked = next(p.point_id for p in points if p.params["nodes"] == 2)
     (sweep_dir / "runs").mkdir(parents=True)
@@ -51,6 +58,8 @@ def test_local_backend_runs_the_sweep_without_slurm_and_resumes_a_failed_point(t
         "--train-arg=--no-progress",
         "--name",
         "loc",
+        "--model",
+        "mlp",
         "--sweep-dir",
         str(sweep_dir),
         env=env,

@@ -13,10 +13,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from kfac_hpc.workflows.sweep_flow import wait_for_sweep
 
 from kfac_hpc.sweep.manifest import read_manifest
 from kfac_hpc.sweep.spec import expand_points, load_spec
+from kfac_hpc.workflows.sweep_flow import wait_for_sweep
 from tests.analysis.checks import assert_report_complete, run_report
 from tests.conftest import clean_env
 from tests.sweep.helpers import cli
@@ -37,6 +37,8 @@ SWEEP = [
     "--train-arg=--no-progress",
     "--time",
     "00:05:00",
+    "--model",
+    "mlp",
 ]
 
 
@@ -54,6 +56,7 @@ def sweep_run(slurm_cluster, tmp_path_factory):
             "name": "t-sweep",
             "kfac": "true",
             "extra_args": ["--no-progress"],
+            "model": "mlp",
         },
     )
     blocked = next(
@@ -297,6 +300,7 @@ def test_wait_runs_the_workflow_to_the_report_with_the_mpiexec_profile(slurm_clu
     under Hydra's mpiexec inside the allocation (the srun profile runs in the tests above)."""
     sweep_dir = tmp_path / "wait"
     args = ["--nodes", "2", "--steps", "10", "--name", "t-wait", "--profile", "mpiexec"]
+    args += ["--model", "mlp"]
     args += ["--train-arg=--no-progress", "--sweep-dir", str(sweep_dir), "--wait"]
     out = cli("sweep", *args, env=slurm_cluster, timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]

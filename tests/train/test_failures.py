@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from kfac_hpc.contracts import validate_run_dir
 from kfac_hpc.train.faults import ENV
-from kfac_hpc.train.rundir import validate_run_dir
 
 from .conftest import explain, read_json, run_plain, run_ranks
 

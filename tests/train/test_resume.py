@@ -6,7 +6,7 @@ import signal
 import subprocess
 import time
 
-from kfac_hpc.train.rundir import validate_run_dir
+from kfac_hpc.contracts import validate_run_dir
 
 from .conftest import clean_env, explain, read_json, run_plain, train_cmd
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kfac_hpc.train.rundir import validate_run_dir
+from kfac_hpc.contracts import validate_run_dir
 
 from .conftest import explain, read_json, run_plain
 

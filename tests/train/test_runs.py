@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kfac_hpc.train.rundir import PHASES, validate_run_dir
+from kfac_hpc.contracts import PHASES, validate_run_dir
 
 from .conftest import explain, metrics, read_json, run_plain, run_ranks
 

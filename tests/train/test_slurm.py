@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
+from kfac_hpc.contracts import validate_run_dir
 from kfac_hpc.train.faults import ENV
-from kfac_hpc.train.rundir import validate_run_dir
 
 from .conftest import clean_env, read_json, train_cmd
 

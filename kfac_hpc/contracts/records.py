@@ -1,97 +1,38 @@
-"""The run directory of docs/contracts.md: paths, atomic writes, markers, and a schema checker.
+"""The records of a run directory: the fields of ``train`` and ``eval`` records
+(metrics.jsonl) and of the summary (run.json), with their types, and the strict validator.
 
-Torch-free on purpose: the collector may import :func:`validate_run_dir` without the job.
+The job writes these records (train/records.py, train/summary.py), the collector reads them
+tolerantly (analysis/rundir.py); :func:`validate_run_dir` is the strict check the tests hold
+every real run directory to. Readers ignore fields they do not know, so adding a field needs no
+schema change; removing one or changing its meaning bumps ``SCHEMA_VERSION``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from kfac_hpc.atomic_write import write_text_atomic
-from kfac_hpc.phases import PHASES
+from kfac_hpc.contracts.phases import PHASES
+from kfac_hpc.contracts.rundir import SCHEMA_VERSION, Marker, RunDir
 
 __all__ = [
-    "MARKERS",
-    "PHASES",
-    "SCHEMA_VERSION",
-    "RunDir",
+    "EVAL",
+    "EVAL_FIELDS",
+    "RUN_FIELDS",
+    "TRAIN",
+    "TRAIN_FIELDS",
     "validate_run_dir",
-    "write_json_atomic",
 ]
 
-SCHEMA_VERSION = 1
-MARKERS = ("done", "error", "preempted")
+# The ``kind`` of a metrics.jsonl record; other kinds may appear and are skipped by readers.
+TRAIN = "train"
+EVAL = "eval"
+_NONE = type(None)
 
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON to ``path`` atomically (see :func:`write_text_atomic`)."""
-    write_text_atomic(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
-
-
-class RunDir:
-    """Paths and writes of one run directory. Only rank 0 writes, except ``error`` (any rank
-    that fails writes it, first writer wins)."""
-
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-        self.config = self.root / "config.json"
-        self.metrics = self.root / "metrics.jsonl"
-        self.run = self.root / "run.json"
-        self.checkpoints = self.root / "checkpoints"
-
-    def saved_config_hash(self) -> str | None:
-        """The config hash in ``config.json``, or None when there is none yet."""
-        if not self.config.exists():
-            return None
-        saved = json.loads(self.config.read_text()).get("config_hash")
-        return None if saved is None else str(saved)
-
-    def marker(self, name: str) -> Path:
-        return self.root / name
-
-    def create(self) -> None:
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
-
-    def clear_markers(self) -> None:
-        """Remove ``error`` and ``preempted`` left by an earlier attempt that is now retried."""
-        for name in ("error", "preempted"):
-            self.marker(name).unlink(missing_ok=True)
-
-    def write_marker(self, name: str, message: str = "") -> bool:
-        """Create marker ``name`` atomically holding ``message``; False if it already existed."""
-        tmp = self.root / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(message + ("\n" if message and not message.endswith("\n") else ""))
-        try:
-            os.link(tmp, self.marker(name))
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    def append_metrics(self, record: dict[str, Any]) -> None:
-        """One line per record, flushed so a killed run keeps every finished window."""
-        with open(self.metrics, "a") as fh:
-            fh.write(json.dumps(record, separators=(",", ":")) + "\n")
-            fh.flush()
-
-    def read_metrics(self) -> list[dict[str, Any]]:
-        """Every complete record (a line cut short by a kill is skipped)."""
-        if not self.metrics.exists():
-            return []
-        out = []
-        for line in self.metrics.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return out
-
-
-_TRAIN_KEYS = {
+# One ``train`` record per logging window: per-step means in seconds, rank-averaged, and the
+# same per rank (``rank_*``: one value per rank, rank order).
+TRAIN_FIELDS: dict[str, Any] = {
     "schema": int,
     "kind": str,
     "attempt": int,
@@ -106,7 +47,7 @@ _TRAIN_KEYS = {
     "rank_step_s": list,
     "rank_phases_s": dict,
 }
-_EVAL_KEYS = {
+EVAL_FIELDS: dict[str, Any] = {
     "schema": int,
     "kind": str,
     "attempt": int,
@@ -116,7 +57,9 @@ _EVAL_KEYS = {
     "loss": float,
     "accuracy": float,
 }
-_RUN_KEYS = {
+# run.json; ``state`` is the name of the marker written with it (done, error, preempted), and a
+# state ``error`` comes with an ``error`` message.
+RUN_FIELDS: dict[str, Any] = {
     "schema": int,
     "state": str,
     "run_id": str,
@@ -136,11 +79,11 @@ _RUN_KEYS = {
     "per_rank_batch_size": int,
     "steps": int,
     "epochs": int,
-    "final_accuracy": (float, type(None)),
-    "best_accuracy": (float, type(None)),
-    "target_accuracy": (float, type(None)),
-    "time_to_target_s": (float, type(None)),
-    "step_to_target": (int, type(None)),
+    "final_accuracy": (float, _NONE),
+    "best_accuracy": (float, _NONE),
+    "target_accuracy": (float, _NONE),
+    "time_to_target_s": (float, _NONE),
+    "step_to_target": (int, _NONE),
     "wall_s": float,
     "compute_s": float,
     "attempts": list,
@@ -151,7 +94,7 @@ _RUN_KEYS = {
     "phases_s": dict,
     "rank_phases_s": dict,
     "peak_rss_bytes": int,
-    "peak_cuda_bytes": (int, type(None)),
+    "peak_cuda_bytes": (int, _NONE),
     "versions": dict,
 }
 
@@ -188,10 +131,10 @@ def _check_phases(obj: dict[str, Any], where: str, world_size: int | None) -> li
 
 
 def validate_run_dir(root: str | Path) -> list[str]:
-    """Problems with a finished run directory (empty when it follows docs/contracts.md)."""
+    """Problems with a finished run directory (empty when it follows the contract)."""
     run_dir = RunDir(root)
     problems: list[str] = []
-    present = [m for m in ("done", "error") if run_dir.marker(m).exists()]
+    present = [str(m) for m in (Marker.DONE, Marker.ERROR) if run_dir.marker(m).exists()]
     if len(present) != 1:
         problems.append(f"expected exactly one of done/error, found {present or 'none'}")
     if not run_dir.config.exists():
@@ -205,20 +148,20 @@ def validate_run_dir(root: str | Path) -> list[str]:
         problems.append("run.json missing")
     else:
         summary = json.loads(run_dir.run.read_text())
-        problems += _check(summary, _RUN_KEYS, "run.json")
+        problems += _check(summary, RUN_FIELDS, "run.json")
         world_size = summary.get("world_size")
         problems += _check_phases(summary, "run.json", world_size)
         if len(summary.get("samples_per_s_per_rank", [])) != world_size:
             problems.append("run.json: samples_per_s_per_rank is not one per rank")
-        if summary.get("state") == "error" and not summary.get("error"):
+        if summary.get("state") == str(Marker.ERROR) and not summary.get("error"):
             problems.append("run.json: state error without an error message")
     for i, record in enumerate(run_dir.read_metrics()):
         where = f"metrics.jsonl line {i + 1}"
-        if record.get("kind") == "train":
-            problems += _check(record, _TRAIN_KEYS, where)
+        if record.get("kind") == TRAIN:
+            problems += _check(record, TRAIN_FIELDS, where)
             problems += _check_phases(record, where, world_size)
-        elif record.get("kind") == "eval":
-            problems += _check(record, _EVAL_KEYS, where)
+        elif record.get("kind") == EVAL:
+            problems += _check(record, EVAL_FIELDS, where)
         else:
             problems.append(f"{where}: unknown kind {record.get('kind')!r}")
     return problems

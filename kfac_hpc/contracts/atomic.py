@@ -1,7 +1,7 @@
 """Replace a small text file atomically: a reader sees the old file or the whole new one.
 
-A leaf module (standard library only) shared by the job's records, the sweep manifest and the
-collector's tables, which must not import each other.
+Standard library only: shared by the job's records, the sweep manifest and the collector's
+tables, which must not import each other.
 """
 
 from __future__ import annotations

@@ -1,0 +1,335 @@
+"""The options of ``kfac-hpc train``: name, type, default, unit, help, range, which method
+they belong to and which a sweep may vary. One table, read by the job's config
+(train/config.py), the job's flags (train/cli.py), the sweep's flags and TOML tables
+(sweep/spec.py, sweep/commands.py) and the docs.
+
+A method's options are one block (``KFAC_OPTIONS`` below); a new method adds its block to
+``METHOD_BLOCKS`` and every consumer picks it up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "ALIASES",
+    "KINDS",
+    "OPTIONS",
+    "Option",
+]
+
+# Value kinds: scalars, or a tuple of them (given as a list, or a comma-separated string).
+KINDS = ("bool", "int", "float", "str", "strs", "ints")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of the job. ``method``: ``common`` or the method it configures (``kfac``);
+    ``axis``: a sweep may give a list of values; ``operational``: changes how a run is
+    operated, not what it computes (left out of the config hash); ``sweep``: False where the
+    sweep has its own flag of that name or the value is per run."""
+
+    name: str
+    kind: str
+    default: Any
+    help: str
+    unit: str = ""
+    choices: tuple[str, ...] = ()
+    check: str = ""
+    optional: bool = False
+    method: str = "common"
+    axis: bool = False
+    operational: bool = False
+    sweep: bool = True
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def describe(self) -> str:
+        """The help text, its choices and unit included."""
+        text = self.help + (f": {', '.join(self.choices)}" if self.choices else "")
+        return text + (f" [{self.unit}]" if self.unit else "")
+
+
+def _o(name: str, kind: str, default: Any, help: str, **meta: Any) -> Option:
+    return Option(name, kind, default, help, **meta)
+
+
+def _k(name: str, kind: str, default: Any, help: str, **meta: Any) -> Option:
+    return Option(name, kind, default, f"K-FAC: {help}", method="kfac", **meta)
+
+
+MODELS = ("small_cnn", "mlp", "resnet20", "resnet32", "resnet56", "resnet50")
+DATASETS = ("digits", "synthetic_cifar", "synthetic_imagenet", "cifar10", "imagefolder")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+LR_SCHEDULES = ("constant", "step", "cosine")
+SCALINGS = ("strong", "weak")
+DIST_BACKENDS = ("auto", "gloo", "nccl")
+COMPUTE_METHODS = ("eigen", "inverse")
+ASSIGNMENT_STRATEGIES = ("compute", "memory")
+
+COMMON_OPTIONS: tuple[Option, ...] = (
+    _o("model", "str", "small_cnn", "network", choices=MODELS),
+    _o("dataset", "str", "digits", "data", choices=DATASETS),
+    _o(
+        "data_path",
+        "str",
+        None,
+        "folder of the CIFAR-10 binary batches or the image folder",
+        optional=True,
+    ),
+    _o("num_samples", "int", 4096, "training samples of a synthetic dataset", check="positive"),
+    _o("augment", "bool", True, "random crop + flip for 32x32 image data (cifar10)"),
+    _o("optimizer", "str", "sgd", "first-order optimizer", choices=OPTIMIZERS, axis=True),
+    _o("lr", "float", 0.1, "peak learning rate", check="positive"),
+    _o("momentum", "float", 0.9, "SGD momentum (beta1 is 0.9 for adam/adamw)", check="nonnegative"),
+    _o(
+        "weight_decay",
+        "float",
+        1e-4,
+        "L2 (sgd, adam) or decoupled (adamw) weight decay",
+        check="nonnegative",
+    ),
+    _o("lr_schedule", "str", "cosine", "after warm-up", choices=LR_SCHEDULES),
+    _o(
+        "warmup_epochs",
+        "float",
+        0.0,
+        "linear warm-up to --lr over this many epochs",
+        unit="epochs",
+        check="nonnegative",
+    ),
+    _o(
+        "lr_decay_epochs",
+        "ints",
+        (),
+        "epochs at which 'step' multiplies lr by the factor",
+        unit="epochs",
+        check="positive",
+    ),
+    _o("lr_decay_factor", "float", 0.1, "factor of the 'step' schedule", check="positive"),
+    _o("kfac", "bool", True, "precondition gradients with K-FAC", axis=True),
+)
+KFAC_OPTIONS: tuple[Option, ...] = (
+    _k(
+        "factor_update_steps",
+        "int",
+        1,
+        "steps between factor (A, G) updates",
+        unit="steps",
+        check="positive",
+        axis=True,
+    ),
+    _k(
+        "inv_update_steps",
+        "int",
+        10,
+        "steps between eigen/inverse updates",
+        unit="steps",
+        check="positive",
+        axis=True,
+    ),
+    _k("damping", "float", 0.003, "Tikhonov damping", check="nonnegative"),
+    _k("factor_decay", "float", 0.95, "running-average decay of the factors", check="decay"),
+    _k(
+        "kl_clip",
+        "float",
+        0.001,
+        "KL clip of the preconditioned step (0 disables)",
+        check="nonnegative",
+    ),
+    _k(
+        "grad_worker_fraction",
+        "str",
+        "comm-opt",
+        "ranks that precondition each layer: comm-opt (all), mem-opt (one), hybrid-opt "
+        "(half) or a fraction in (0, 1]",
+        check="grad_workers",
+        axis=True,
+    ),
+    _k("compute_method", "str", "eigen", "second-order method", choices=COMPUTE_METHODS),
+    _k(
+        "assignment_strategy",
+        "str",
+        "compute",
+        "balance second-order work by compute (n^3) or memory (n^2)",
+        choices=ASSIGNMENT_STRATEGIES,
+    ),
+    _k("colocate_factors", "bool", True, "a layer's A and G on the same rank"),
+    _k("symmetry_aware", "bool", False, "communicate only the upper triangle of factors"),
+    _k(
+        "compute_eigenvalue_outer_product",
+        "bool",
+        True,
+        "precompute the eigenvalue outer product (eigen method)",
+    ),
+    _k(
+        "allreduce_bucket_cap_mb",
+        "float",
+        25.0,
+        "factor allreduce bucket size",
+        unit="MB",
+        check="positive",
+    ),
+    _k("skip_layers", "strs", (), "module or class names left unpreconditioned"),
+    _k("update_factors_in_hook", "bool", True, "compute factors in the module hooks"),
+)
+RUN_OPTIONS: tuple[Option, ...] = (
+    _o(
+        "epochs",
+        "int",
+        5,
+        "passes over the training data (ignored when --steps is given)",
+        unit="epochs",
+        check="positive",
+    ),
+    _o(
+        "steps",
+        "int",
+        None,
+        "total optimizer steps (overrides --epochs)",
+        unit="steps",
+        check="positive",
+        optional=True,
+    ),
+    _o(
+        "batch_size",
+        "int",
+        128,
+        "global batch (strong scaling) or per-rank batch (weak scaling)",
+        unit="samples",
+        check="positive",
+        axis=True,
+    ),
+    _o(
+        "scaling",
+        "str",
+        "strong",
+        "strong: global batch fixed; weak: per-rank batch fixed",
+        choices=SCALINGS,
+    ),
+    _o("seed", "int", 0, "seed of model init, data order and synthetic data", axis=True),
+    _o(
+        "target_accuracy",
+        "float",
+        None,
+        "test accuracy in (0, 1] whose first time is recorded",
+        check="fraction",
+        optional=True,
+    ),
+    _o("stop_at_target", "bool", False, "stop once --target-accuracy is reached"),
+    _o(
+        "time_limit_s",
+        "float",
+        None,
+        "stop training after this much wall time",
+        unit="s",
+        check="positive",
+        optional=True,
+        operational=True,
+    ),
+    _o(
+        "checkpoint_every_steps",
+        "int",
+        None,
+        "checkpoint every N steps",
+        unit="steps",
+        check="positive",
+        optional=True,
+        operational=True,
+    ),
+    _o(
+        "checkpoint_every_min",
+        "float",
+        None,
+        "checkpoint every M minutes",
+        unit="min",
+        check="positive",
+        optional=True,
+        operational=True,
+    ),
+    _o(
+        "keep_checkpoints",
+        "int",
+        2,
+        "complete checkpoints kept in RUN_DIR/checkpoints",
+        check="positive",
+        operational=True,
+    ),
+    _o(
+        "log_every",
+        "int",
+        20,
+        "steps per metrics.jsonl window",
+        unit="steps",
+        check="positive",
+        operational=True,
+    ),
+    _o(
+        "backend",
+        "str",
+        "auto",
+        "torch.distributed backend: auto (nccl on GPU), gloo, nccl",
+        choices=DIST_BACKENDS,
+        sweep=False,
+    ),
+    _o(
+        "collective_timeout_s",
+        "float",
+        300.0,
+        "a collective waiting longer fails the run",
+        unit="s",
+        check="positive",
+        operational=True,
+    ),
+    _o(
+        "cuda_sync",
+        "bool",
+        False,
+        "synchronize CUDA at phase boundaries (exact GPU phase times)",
+        operational=True,
+    ),
+    _o(
+        "progress",
+        "bool",
+        True,
+        "a progress line per epoch on rank 0 (a bar on a terminal)",
+        operational=True,
+    ),
+    _o(
+        "resume_from",
+        "str",
+        None,
+        "start from the whole state of this checkpoint (.h5 file, run dir or checkpoints/)",
+        optional=True,
+        operational=True,
+        sweep=False,
+    ),
+    _o(
+        "init_factors",
+        "str",
+        None,
+        "start from the K-FAC factors of this checkpoint file",
+        optional=True,
+    ),
+)
+# Method blocks, in the order their options are listed; a new method appends its block here.
+METHOD_BLOCKS: tuple[tuple[Option, ...], ...] = (KFAC_OPTIONS,)
+OPTIONS: dict[str, Option] = {
+    o.name: o for block in (COMMON_OPTIONS, *METHOD_BLOCKS, RUN_OPTIONS) for o in block
+}
+# Friendlier inputs for fields: ``time_limit`` takes a duration (90s, 30m, HH:MM:SS) into
+# ``time_limit_s``; ``checkpoint_every`` takes steps (an integer) or a duration (10m).
+ALIASES: dict[str, tuple[tuple[str, ...], str]] = {
+    "time_limit": (
+        ("time_limit_s",),
+        "stop training after this wall time (90s, 30m, 2h, HH:MM:SS); the run ends done, "
+        "with a final evaluation",
+    ),
+    "checkpoint_every": (
+        ("checkpoint_every_steps", "checkpoint_every_min"),
+        "checkpoint every N steps (an integer) or every duration (10m, 1h)",
+    ),
+}

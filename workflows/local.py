@@ -1,0 +1,149 @@
+"""The local backend: every point runs with local MPI ranks (Parsl's ``MPIExecutor`` on this
+host), ``max_concurrent`` at a time, in the process of ``kfac-hpc sweep`` or ``resume``.
+
+No scheduler holds the points: the workflow records each point's end in the manifest as it
+happens (from the run directory's markers and the exit code), so ``status`` from another shell
+reads the markers and trusts the manifest for the rest.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import parsl
+from parsl.app.app import bash_app
+
+from kfac_hpc.contracts.exit_codes import ExitCode
+from kfac_hpc.contracts.rundir import read_markers
+from kfac_hpc.contracts.states import PointState, Verdict, classify_point
+from kfac_hpc.sweep.backends import SweepBackend
+from kfac_hpc.sweep.command import train_argv
+from kfac_hpc.sweep.manifest import Manifest, PointRecord, locked_manifest, read_manifest
+from kfac_hpc.sweep.slurm import DEFAULT_MAX_ARRAY_SIZE
+from kfac_hpc.sweep.submit import new_manifest
+from kfac_hpc.workflows.configs import local_config
+
+if TYPE_CHECKING:
+    from kfac_hpc.sweep.submit import PreparedSweep
+
+__all__ = ["LocalBackend", "exit_verdict", "run_local_points"]
+
+
+@bash_app
+def _train_point(
+    command: str,
+    parsl_resource_specification: dict[str, int] | None = None,
+    stdout: str | None = None,
+    stderr: str | None = None,
+) -> str:
+    """One point under the executor's MPI launcher (``$PARSL_MPI_PREFIX`` = mpiexec -n R)."""
+    return f"$PARSL_MPI_PREFIX {command}"
+
+
+def point_command(manifest: Manifest, sweep_dir: Path, point: PointRecord) -> str:
+    """The shell command that runs one point (the local backend's script)."""
+    env = {
+        "OMP_NUM_THREADS": str(point.params["cpus_per_task"]),
+        "PYTHONUNBUFFERED": "1",
+        **manifest.profile["env"],
+    }
+    argv = [
+        *manifest.profile["train_command"],
+        "--run-dir",
+        str(sweep_dir / point.run_dir),
+        *train_argv(point.params),
+    ]
+    # The prefix is `mpiexec ... `, so the environment goes through `env` (hydra passes it on).
+    return shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *argv])
+
+
+def exit_verdict(code: int) -> Verdict:
+    """What a point's exit status says when its markers say nothing more."""
+    if code == ExitCode.PREEMPTED:
+        return Verdict(PointState.PREEMPTED, "checkpointed; kfac-hpc resume continues it")
+    return Verdict(PointState.FAILED, f"exit code {code}; see logs/")
+
+
+def run_local_points(sweep_dir: Path, point_ids: Sequence[str] | None = None) -> None:
+    """Run points (all, or ``point_ids``) with local MPI ranks, ``max_concurrent`` at a time."""
+    manifest = read_manifest(sweep_dir)
+    todo = [p for p in manifest.points if point_ids is None or p.point_id in point_ids]
+    concurrency = 1 if manifest.spec["serial"] else int(manifest.spec["max_concurrent"] or 1)
+    (sweep_dir / "logs").mkdir(exist_ok=True)
+    with parsl.load(local_config(sweep_dir / "parsl", concurrency)):
+        futures: dict[concurrent.futures.Future[Any], str] = {}
+        for point in todo:
+            ranks = int(point.params["nodes"]) * int(point.params["ranks_per_node"])
+            log = str(
+                sweep_dir / "logs" / f"{manifest.name}-{point.array}_local_{point.array_index}.out"
+            )
+            future = _train_point(
+                point_command(manifest, sweep_dir, point),
+                parsl_resource_specification={
+                    "num_nodes": 1,
+                    "num_ranks": ranks,
+                    "ranks_per_node": ranks,
+                },
+                stdout=(log, "a"),
+                stderr=(log, "a"),
+            )
+            futures[future] = point.point_id
+        _mark_running(sweep_dir, [p.point_id for p in todo])
+        for future in concurrent.futures.as_completed(futures):
+            _finish(sweep_dir, futures[future], future)
+
+
+def _mark_running(sweep_dir: Path, point_ids: Sequence[str]) -> None:
+    with locked_manifest(sweep_dir) as manifest:
+        for point in manifest.points:
+            if point.point_id in point_ids:
+                point.state, point.detail, point.job_id = PointState.RUNNING.value, "", "local"
+                point.attempts += 1
+
+
+def _finish(sweep_dir: Path, point_id: str, future: concurrent.futures.Future[Any]) -> None:
+    """The point's state from its markers, else from the exit code of its launcher."""
+    exc = future.exception()
+    code = getattr(exc, "exitcode", 0 if exc is None else 1)
+    with locked_manifest(sweep_dir) as manifest:
+        point = next(p for p in manifest.points if p.point_id == point_id)
+        verdict = classify_point(
+            read_markers(sweep_dir / point.run_dir),
+            Verdict(PointState.RUNNING),
+            ended=exit_verdict(code),
+        )
+        point.state, point.detail = verdict.state.value, verdict.detail
+
+
+class LocalBackend(SweepBackend):
+    """Local MPI ranks through Parsl; no scheduler, nothing to cancel from another process."""
+
+    name = "local"
+    runs_in_process = True
+
+    def max_array_size(self) -> int:
+        return DEFAULT_MAX_ARRAY_SIZE
+
+    def submit(self, prepared: PreparedSweep) -> Manifest:
+        new_manifest(prepared).write(prepared.sweep_dir)
+        run_local_points(prepared.sweep_dir)
+        return read_manifest(prepared.sweep_dir)
+
+    def refresh(self, manifest: Manifest, sweep_dir: Path) -> None:
+        for point in manifest.points:
+            verdict = classify_point(
+                read_markers(sweep_dir / point.run_dir),
+                Verdict(PointState(point.state), point.detail),
+            )
+            point.state, point.detail = verdict.state.value, verdict.detail
+
+    def cancel(self, points: Sequence[PointRecord]) -> None:
+        """Nothing to stop from here: the points run under the workflow of another process
+        (stopping it stops them); they are marked cancelled."""
+
+    def resubmit(self, manifest: Manifest, sweep_dir: Path, points: Sequence[PointRecord]) -> None:
+        run_local_points(sweep_dir, [p.point_id for p in points])
