@@ -133,12 +133,14 @@ class FOSI:
                 "returning the curvature-batch loss with its graph)"
             )
         loss = None
+        seed = self.options.seed + self.ese_count  # of this ESE's Lanczos start vector
+        self.ese_count += int(due)  # on every rank, whichever runs the ESE
         if self.is_curvature_rank:
             if due:
                 assert self.pipeline is not None and closure is not None
                 flat = flatten(self.params)
                 self._write_params(self.pipeline.receive_snapshot(flat))
-                spectrum, loss = self._estimate(closure)
+                spectrum, loss = self._estimate(closure, seed)
                 self.pipeline.send(spectrum, self.params[0].dtype)
             self.step_count += 1
             return loss
@@ -151,7 +153,7 @@ class FOSI:
             self.pipeline.request(self.step_count, flatten(self.params))
         elif due:
             assert closure is not None
-            spectrum, loss = self._estimate(closure)
+            spectrum, loss = self._estimate(closure, seed)
             self._install(spectrum.eigenvalues, spectrum.vectors, self.step_count)
         if self.pipeline is not None and self.pipeline.due(self.step_count, self.options.max_staleness):
             snapshot, values, vectors = self.pipeline.take()
@@ -190,7 +192,7 @@ class FOSI:
         return min(max(ratio, 1.0), self.options.clip)
 
     # -- ESE --------------------------------------------------------------------------
-    def _estimate(self, closure: Closure) -> tuple[ExtremeSpectrum, torch.Tensor | None]:
+    def _estimate(self, closure: Closure, seed: int) -> tuple[ExtremeSpectrum, torch.Tensor | None]:
         """Lanczos on the mean Hessian (+ weight decay) of every rank's closure loss; the
         module's buffers are restored afterwards."""
         buffers = [] if self.model is None else [b.clone() for b in self.model.buffers()]
@@ -203,14 +205,12 @@ class FOSI:
             return shard.reduce_scatter_mean(hv).to(torch.float64) + wd * q
 
         m = min(self.options.iterations, self.n)
-        spectrum = lanczos_extremes(operator, shard, self.options.k, self.options.l, m,
-                                    self.options.seed + self.ese_count)  # fmt: skip
+        spectrum = lanczos_extremes(operator, shard, self.options.k, self.options.l, m, seed)
         if self.model is not None:
             for live, saved in zip(self.model.buffers(), buffers, strict=True):
                 live.copy_(saved)
         self.hvp_mode_used = hvp.mode_used
         self.lanczos_basis_bytes = spectrum.basis_bytes
-        self.ese_count += 1
         return spectrum, hvp.loss
 
     def _install(self, values: torch.Tensor, vectors: torch.Tensor, snapshot_step: int) -> None:
