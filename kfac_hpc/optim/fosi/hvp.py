@@ -35,10 +35,12 @@ class _ClosureModule(nn.Module):
     def __init__(self, model: nn.Module, closure: Closure) -> None:
         super().__init__()
         self.model = model
-        self.closure = closure
+        # kept in a tuple: a closure that is itself a module must not become a second,
+        # tied submodule (functional_call would then not restore the parameters)
+        self._closure = (closure,)
 
     def forward(self) -> torch.Tensor:
-        return self.closure()
+        return self._closure[0]()
 
 
 class HessianVectorProduct:
