@@ -34,10 +34,25 @@ Closure = Callable[[], torch.Tensor]
 STATE_FORMAT = "fosi-full-v1"
 
 
-class FOSI:
+def _cloned(tree: Any) -> Any:
+    """``tree`` with every tensor copied (torch optimizers' state_dict() hands out their live
+    buffers, and load_state_dict() keeps a tensor of the right dtype as it is)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.clone()
+    if isinstance(tree, dict):
+        return {key: _cloned(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_cloned(value) for value in tree]
+    return tree
+
+
+class FOSI(torch.optim.Optimizer):
     """FOSI / DHO2 around ``base`` (built on the same ``params``); see the module docstring and
     docs/fosi.md. ``model``: the module the parameters belong to, for forward-over-reverse
-    HVPs and to keep its buffers (BatchNorm statistics) unchanged by ESE."""
+    HVPs and to keep its buffers (BatchNorm statistics) unchanged by ESE.
+
+    Its ``param_groups`` are the base's (the same dicts), so a learning-rate scheduler may be
+    attached to either."""
 
     def __init__(
         self,
@@ -62,6 +77,8 @@ class FOSI:
         dtypes = {(p.dtype, p.device) for p in self.params}
         if len(dtypes) != 1:
             raise ValueError(f"FOSI params: one dtype and device needed, got {sorted(map(str, dtypes))}")
+        super().__init__(self.params, {})
+        self.param_groups = base.param_groups
         self.base, self.model = base, model
         bounds, start = [], 0
         for group in base.param_groups:
@@ -96,14 +113,6 @@ class FOSI:
         """True on a rank given to ESE only (``curvature_ranks``); its gradients are unused."""
         return self.pipeline is not None and self.pipeline.is_curvature
 
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The base optimizer's groups (their hyperparameters are read every step)."""
-        return self.base.param_groups
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.base.zero_grad(set_to_none=set_to_none)
-
     def memory_usage(self) -> dict[str, int]:
         """Bytes this rank holds: eigenvectors, velocity, base optimizer state, and the Lanczos
         basis of the last ESE (alive during ESE only)."""
@@ -123,7 +132,7 @@ class FOSI:
         return self.step_count >= o.warmup and (self.step_count - o.warmup) % o.ese_every == 0
 
     @torch.no_grad()
-    def step(self, closure: Closure | None = None) -> torch.Tensor | None:
+    def step(self, closure: Closure | None = None) -> torch.Tensor | None:  # type: ignore[override]
         """One update from the parameters' ``.grad``; ``closure()`` (the curvature batch's
         loss, with graph) is called only when an ESE is due. Returns the closure's last loss."""
         due = self._ese_due()
@@ -253,7 +262,7 @@ class FOSI:
         self.staleness = [int(s) for s in state["staleness"]]
         self.hvp_mode_used = state["hvp_mode_used"]
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
         """This rank's state (its coordinates of V, the velocity and the base state, plus λ
         and the counters); :meth:`load_state_dict` on the same rank of the same world size is
         its exact inverse. A pipelined ESE still in flight is not part of it."""
@@ -268,10 +277,10 @@ class FOSI:
             "eigenvalues": self.eigenvalues.clone(),
             "eigenvectors": copy(self.vectors),
             "velocity": copy(self.velocity),
-            "base": None if self.sharded_base is None else self.sharded_base.optimizer.state_dict(),
+            "base": None if self.sharded_base is None else _cloned(self.sharded_base.optimizer.state_dict()),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # type: ignore[override]
         """Inverse of :meth:`state_dict` (same world size and rank; for another world size use
         :meth:`load_full_state_dict`)."""
         mine = (self.shard.world, self.shard.rank, self.n)
@@ -287,7 +296,7 @@ class FOSI:
         self.vectors = None if vectors is None else vectors.clone()
         self.velocity = None if velocity is None else velocity.clone()
         if self.sharded_base is not None:
-            self.sharded_base.optimizer.load_state_dict(state["base"])
+            self.sharded_base.optimizer.load_state_dict(_cloned(state["base"]))
 
     def full_state_dict(self) -> dict[str, Any]:
         """The whole state with every vector gathered over all coordinates (collective on

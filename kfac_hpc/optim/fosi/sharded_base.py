@@ -157,6 +157,8 @@ class ShardedBase:
                 name: (
                     value[start : start + hi - lo].clone()
                     if isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == b - a
+                    else value.clone()
+                    if isinstance(value, torch.Tensor)
                     else value
                 )
                 for name, value in entry.items()
