@@ -16,7 +16,7 @@ training mode, whose in-place running-statistic update torch.func refuses).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -104,10 +104,8 @@ class HessianVectorProduct:
         primals = tuple(p.detach() for p in self.params)
         grad_of = torch.func.grad(loss_of, has_aux=True)
         with torch.enable_grad():
-            _, hv, loss = torch.func.jvp(
-                grad_of, (primals,), (tuple(self._split(v)),), has_aux=True
-            )
-        self.loss = loss
+            out: Any = torch.func.jvp(grad_of, (primals,), (tuple(self._split(v)),), has_aux=True)
+        _, hv, self.loss = out  # (gradient, its directional derivative, aux: the loss)
         return self._flat(hv)
 
     def _double_backward(self, v: torch.Tensor) -> torch.Tensor:
@@ -115,9 +113,7 @@ class HessianVectorProduct:
             if self._grads is None:
                 loss = self.closure()
                 self.loss = loss.detach()
-                grads = torch.autograd.grad(
-                    loss, self.params, create_graph=True, allow_unused=True
-                )
+                grads = torch.autograd.grad(loss, self.params, create_graph=True, allow_unused=True)
                 self._grads = tuple(
                     torch.zeros_like(p, requires_grad=True) if g is None else g
                     for g, p in zip(grads, self.params, strict=True)

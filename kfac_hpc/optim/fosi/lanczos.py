@@ -88,6 +88,10 @@ def lanczos_extremes(
     ritz, rotation = torch.linalg.eigh(tri)  # ascending
     take = min(k, steps)
     low = min(l, steps - take)
-    index = torch.cat([torch.arange(steps - 1, steps - 1 - take, -1), torch.arange(low - 1, -1, -1)])
+    index = torch.cat(
+        [torch.arange(steps - 1, steps - 1 - take, -1), torch.arange(low - 1, -1, -1)]
+    )
     vectors = rotation[:, index].T @ basis[:steps]
-    return ExtremeSpectrum(ritz[index].clone(), vectors, steps, basis.element_size() * basis.numel())
+    return ExtremeSpectrum(
+        ritz[index].clone(), vectors, steps, basis.element_size() * basis.numel()
+    )

@@ -76,7 +76,9 @@ class FOSI(torch.optim.Optimizer):
             raise ValueError("FOSI params: pass the parameters the base optimizer was built on")
         dtypes = {(p.dtype, p.device) for p in self.params}
         if len(dtypes) != 1:
-            raise ValueError(f"FOSI params: one dtype and device needed, got {sorted(map(str, dtypes))}")
+            raise ValueError(
+                f"FOSI params: one dtype and device needed, got {sorted(map(str, dtypes))}"
+            )
         super().__init__(self.params, {})
         self.param_groups = base.param_groups
         self.base, self.model = base, model
@@ -97,7 +99,9 @@ class FOSI(torch.optim.Optimizer):
             self.shard = CoordinateShard(self.n, dist.get_world_size(), dist.get_rank())
         else:
             self.shard = CoordinateShard(self.n, 1, 0)
-        self.sharded_base = None if self.is_curvature_rank else ShardedBase(base, self.shard, bounds)
+        self.sharded_base = (
+            None if self.is_curvature_rank else ShardedBase(base, self.shard, bounds)
+        )
         self.step_count = 0
         self.ese_count = 0
         self.eigenvalues = torch.empty(0, dtype=torch.float64)
@@ -116,6 +120,7 @@ class FOSI(torch.optim.Optimizer):
     def memory_usage(self) -> dict[str, int]:
         """Bytes this rank holds: eigenvectors, velocity, base optimizer state, and the Lanczos
         basis of the last ESE (alive during ESE only)."""
+
         def size(t: torch.Tensor | None) -> int:
             return 0 if t is None else t.element_size() * t.numel()
 
@@ -164,7 +169,9 @@ class FOSI(torch.optim.Optimizer):
             assert closure is not None
             spectrum, loss = self._estimate(closure, seed)
             self._install(spectrum.eigenvalues, spectrum.vectors, self.step_count)
-        if self.pipeline is not None and self.pipeline.due(self.step_count, self.options.max_staleness):
+        if self.pipeline is not None and self.pipeline.due(
+            self.step_count, self.options.max_staleness
+        ):
             snapshot, values, vectors = self.pipeline.take()
             self._install(values, vectors, snapshot)
         theta = self.shard.local(flatten(self.params)).clone()
@@ -235,7 +242,9 @@ class FOSI(torch.optim.Optimizer):
         """Use these eigenpairs from now on: ``eigenvalues`` ``(K,)`` largest first, ``vectors``
         ``(K, n)`` orthonormal rows over all coordinates (this rank keeps its slice)."""
         if vectors.shape != (eigenvalues.numel(), self.n):
-            raise ValueError(f"FOSI.set_spectrum: vectors must be ({eigenvalues.numel()}, {self.n})")
+            raise ValueError(
+                f"FOSI.set_spectrum: vectors must be ({eigenvalues.numel()}, {self.n})"
+            )
         self._install(eigenvalues, self.shard.local(vectors), self.step_count)
 
     # -- parameters -------------------------------------------------------------------
@@ -262,10 +271,11 @@ class FOSI(torch.optim.Optimizer):
         self.staleness = [int(s) for s in state["staleness"]]
         self.hvp_mode_used = state["hvp_mode_used"]
 
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+    def state_dict(self) -> dict[str, Any]:
         """This rank's state (its coordinates of V, the velocity and the base state, plus λ
         and the counters); :meth:`load_state_dict` on the same rank of the same world size is
         its exact inverse. A pipelined ESE still in flight is not part of it."""
+
         def copy(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.clone()
 
@@ -277,10 +287,12 @@ class FOSI(torch.optim.Optimizer):
             "eigenvalues": self.eigenvalues.clone(),
             "eigenvectors": copy(self.vectors),
             "velocity": copy(self.velocity),
-            "base": None if self.sharded_base is None else _cloned(self.sharded_base.optimizer.state_dict()),
+            "base": None
+            if self.sharded_base is None
+            else _cloned(self.sharded_base.optimizer.state_dict()),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # type: ignore[override]
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict` (same world size and rank; for another world size use
         :meth:`load_full_state_dict`)."""
         mine = (self.shard.world, self.shard.rank, self.n)
@@ -302,6 +314,7 @@ class FOSI(torch.optim.Optimizer):
         """The whole state with every vector gathered over all coordinates (collective on
         every rank): plain tensors, numbers and strings, for an HDF5 tree. ``shapes``: the
         parameter shapes it belongs to. Curvature ranks hold no update state (None)."""
+
         def whole(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else self.shard.gather(t).clone()
 

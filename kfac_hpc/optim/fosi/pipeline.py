@@ -27,6 +27,12 @@ from kfac_hpc.optim.fosi.sharding import CoordinateShard, shard_bounds
 __all__ = ["CurvaturePipeline"]
 
 
+def _started(work: dist.Work | None) -> dist.Work:
+    """The handle of a point-to-point operation (None only for ranks outside the group)."""
+    assert work is not None
+    return work
+
+
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
     return max(a[0], b[0]), min(a[1], b[1])
 
@@ -72,16 +78,16 @@ class CurvaturePipeline:
         sends = []
         if self.shard.rank == 0:
             snapshot = flat_params.detach().clone()
-            sends = [dist.isend(snapshot, self.trainers + j) for j in range(self.curvers)]
+            sends = [_started(dist.isend(snapshot, self.trainers + j)) for j in range(self.curvers)]
         mine = (self.shard.start, self.shard.stop)
         eigenvalues = torch.empty(self.pairs, dtype=torch.float64)
-        works = [dist.irecv(eigenvalues, self.trainers)]
+        works = [_started(dist.irecv(eigenvalues, self.trainers))]
         blocks = []
         for j in range(self.curvers):
             lo, hi = _overlap(mine, shard_bounds(self.n, self.curvers, j))
             if hi > lo:
                 blocks.append(torch.empty(self.pairs, hi - lo, dtype=flat_params.dtype))
-                works.append(dist.irecv(blocks[-1], self.trainers + j))
+                works.append(_started(dist.irecv(blocks[-1], self.trainers + j)))
         self.pending = _Pending(step, works, eigenvalues, blocks, sends)
 
     def due(self, step: int, max_staleness: int) -> bool:
@@ -119,7 +125,7 @@ class CurvaturePipeline:
         if self.shard.rank == 0:
             values = torch.full((self.pairs,), float("nan"), dtype=torch.float64)
             values[:found] = spectrum.eigenvalues
-            works += [dist.isend(values, r) for r in range(self.trainers)]
+            works += [_started(dist.isend(values, r)) for r in range(self.trainers)]
         mine = (self.shard.start, self.shard.stop)
         blocks = []
         for r in range(self.trainers):
@@ -128,6 +134,6 @@ class CurvaturePipeline:
                 block = torch.zeros(self.pairs, hi - lo, dtype=dtype)
                 block[:found] = spectrum.vectors[:, lo - mine[0] : hi - mine[0]]
                 blocks.append(block)
-                works.append(dist.isend(block, r))
+                works.append(_started(dist.isend(block, r)))
         for work in works:
             work.wait()

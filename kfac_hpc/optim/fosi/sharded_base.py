@@ -59,14 +59,20 @@ class ShardedBase:
     """
 
     def __init__(
-        self, base: torch.optim.Optimizer, shard: CoordinateShard, group_bounds: list[tuple[int, int]]
+        self,
+        base: torch.optim.Optimizer,
+        shard: CoordinateShard,
+        group_bounds: list[tuple[int, int]],
     ) -> None:
         self.base = base
         self.shard = shard
         self.group_bounds = group_bounds
         # [a, b) of each group's piece in this rank's local coordinates (empty when disjoint)
         self.pieces = [
-            (max(a, shard.start) - shard.start, max(min(b, shard.stop), max(a, shard.start)) - shard.start)
+            (
+                max(a, shard.start) - shard.start,
+                max(min(b, shard.stop), max(a, shard.start)) - shard.start,
+            )
             for a, b in group_bounds
         ]
         ref = base.param_groups[0]["params"][0]
@@ -75,9 +81,11 @@ class ShardedBase:
             for a, b in self.pieces
         ]
         groups = [
-            {**_hyper(g), "params": [x]} for g, x in zip(base.param_groups, self.slices, strict=True)
+            {**_hyper(g), "params": [x]}
+            for g, x in zip(base.param_groups, self.slices, strict=True)
         ]
-        self.optimizer: torch.optim.Optimizer = type(base)(groups)
+        optimizer_class: Any = type(base)  # SGD, Adam, ...: each takes (groups, **defaults)
+        self.optimizer: torch.optim.Optimizer = optimizer_class(groups)
 
     @property
     def adaptive(self) -> bool:
@@ -111,8 +119,10 @@ class ShardedBase:
         )
 
     def _is_coordinate_state(self, index: int, value: Any) -> bool:
-        return isinstance(value, torch.Tensor) and value.shape == self.slices[index].shape and (
-            value.dim() == 1
+        return (
+            isinstance(value, torch.Tensor)
+            and value.shape == self.slices[index].shape
+            and (value.dim() == 1)
         )
 
     def full_state(self) -> dict[str, Any]:
@@ -156,7 +166,9 @@ class ShardedBase:
             state[int(index)] = {
                 name: (
                     value[start : start + hi - lo].clone()
-                    if isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == b - a
+                    if isinstance(value, torch.Tensor)
+                    and value.dim() == 1
+                    and value.numel() == b - a
                     else value.clone()
                     if isinstance(value, torch.Tensor)
                     else value

@@ -122,4 +122,3 @@ def test_state_reshards_to_another_world_size(
         for rank, results in enumerate(r[config] for r in ranks):
             if not results["curvature_rank"]:
                 assert_same_trajectory(results, ref, f"{config} {tag} rank {rank}")
-

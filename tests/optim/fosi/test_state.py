@@ -90,7 +90,7 @@ def test_full_state_of_another_model_is_refused() -> None:
 
 
 def test_state_of_another_world_size_is_refused_naming_the_fix() -> None:
-    model, opt = _setup("sgd")
+    _, opt = _setup("sgd")
     state = opt.state_dict() | {"world_size": 2}
     with pytest.raises(ValueError, match="load_full_state_dict"):
         opt.load_state_dict(state)

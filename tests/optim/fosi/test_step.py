@@ -5,7 +5,8 @@ velocity v0 = 0, momentum β, step α, base SGD(lr, momentum, weight decay wd) a
 (momentum buffer = its gradient) and P = VᵀV:
     g_obj = g + wd θ,  g1 = P g_obj,  v = (1 − β) g1,  d1 = −α Vᵀ diag(|λ|⁻¹) V v,
     d2 = (I − P)(−lr (g − g1 + wd θ)),  θ' = θ + s d2 + d1,  s = clip(λ1 / λk, 1, c);
-for Adam, d2 = (I − P)(−lr ĝ/(|ĝ| + ε)), Adam's first step on ĝ = g − g1 + wd θ, and s = 1. Tolerance 1e-12 relative (observed about 1e-16).
+for Adam, d2 = (I − P)(−lr ĝ/(|ĝ| + ε)), Adam's first step on ĝ = g − g1 + wd θ, and s = 1.
+Tolerance 1e-12 relative (observed about 1e-16).
 """
 
 from __future__ import annotations
