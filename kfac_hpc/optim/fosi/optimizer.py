@@ -14,6 +14,7 @@ state) is sharded over parameter coordinates: see sharding.py, sharded_base.py, 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -110,6 +111,7 @@ class FOSI(torch.optim.Optimizer):
         self.staleness: list[int] = []  # steps between snapshot and swap, per ESE
         self.hvp_mode_used: str | None = None
         self.lanczos_basis_bytes = 0
+        self.last_ese_s = 0.0  # seconds of this rank's last ESE (0 on pipelined trainers)
 
     # -- properties -------------------------------------------------------------------
     @property
@@ -211,6 +213,7 @@ class FOSI(torch.optim.Optimizer):
     def _estimate(self, closure: Closure, seed: int) -> tuple[ExtremeSpectrum, torch.Tensor | None]:
         """Lanczos on the mean Hessian (+ weight decay) of every rank's closure loss; the
         module's buffers are restored afterwards."""
+        started = time.perf_counter()
         buffers = [] if self.model is None else [b.clone() for b in self.model.buffers()]
         hvp = HessianVectorProduct(self.params, closure, self.model, self.options.hvp)
         shard, dtype = self.shard, self.params[0].dtype
@@ -227,6 +230,7 @@ class FOSI(torch.optim.Optimizer):
                 live.copy_(saved)
         self.hvp_mode_used = hvp.mode_used
         self.lanczos_basis_bytes = spectrum.basis_bytes
+        self.last_ese_s = time.perf_counter() - started
         return spectrum, hvp.loss
 
     def _install(self, values: torch.Tensor, vectors: torch.Tensor, snapshot_step: int) -> None:

@@ -8,8 +8,9 @@ and the staleness record to ``OUT_DIR/{TAG}_rank{r}.pt``; rank 0 also writes the
 the full FOSI state at the end to ``OUT_DIR/{TAG}/{config}.h5`` (kfac_hpc.checkpoint.hdf5_tree).
 With ``RESUME=dir`` every rank first loads those files (saved at any world size) and continues.
 
-Pipelined configurations give the last ranks to ESE (``curvature_ranks``, staleness 0): the
-training batch is split over the training ranks and the curvature batch over the curvature ranks.
+Pipelined configurations give the last ranks to ESE (``curvature_ranks``; staleness bound 0,
+and 2 in ``sgd_pipelined_stale``): the training batch is split over the training ranks and the
+curvature batch over the curvature ranks.
 """
 
 from __future__ import annotations
@@ -60,19 +61,21 @@ def part(data: tuple[torch.Tensor, torch.Tensor], index: int, count: int) -> tup
     return data[0][index * size : (index + 1) * size], data[1][index * size : (index + 1) * size]
 
 
-# name -> (base, curvature_ranks at P = 1, 2, 3, 4)
-CONFIGS: dict[str, tuple[str, dict[int, int]]] = {
-    "sgd": ("sgd", {1: 0, 2: 0, 3: 0, 4: 0}),
-    "adam": ("adam", {1: 0, 2: 0, 3: 0, 4: 0}),
-    "sgd_pipelined": ("sgd", {1: 0, 2: 1, 3: 1, 4: 2}),
+# name -> (base, curvature_ranks at P = 1, 2, 3, 4, max_staleness)
+CONFIGS: dict[str, tuple[str, dict[int, int], int]] = {
+    "sgd": ("sgd", {1: 0, 2: 0, 3: 0, 4: 0}, 0),
+    "adam": ("adam", {1: 0, 2: 0, 3: 0, 4: 0}, 0),
+    "sgd_pipelined": ("sgd", {1: 0, 2: 1, 3: 1, 4: 2}, 0),
+    "sgd_pipelined_stale": ("sgd", {1: 0, 2: 1, 3: 1, 4: 2}, 2),
 }
 
 
 def run(name: str, world: int, rank: int, resume: Path | None) -> dict[str, Any]:
-    base_name, curvature = CONFIGS[name]
+    base_name, curvature, staleness = CONFIGS[name]
     model = build_model()
     opt = FOSI(model.parameters(), build_base(model, base_name), model=model,
-               curvature_ranks=curvature[world], **FOSI_OPTIONS)  # fmt: skip
+               curvature_ranks=curvature[world], max_staleness=staleness,
+               **FOSI_OPTIONS)  # fmt: skip
     if resume is not None:
         with h5py.File(resume / f"{name}.h5", "r") as f:
             tree = read_tree(f)
