@@ -176,7 +176,7 @@ class FOSI(torch.optim.Optimizer):
         ):
             snapshot, values, vectors = self.pipeline.take()
             self._install(values, vectors, snapshot)
-        theta = self.shard.local(flatten(self.params)).clone()
+        theta = self.shard.local(flatten(self.params))
         self._write_local(self._update(theta, g))
         self.step_count += 1
         return loss

@@ -105,7 +105,7 @@ class ShardedBase:
             mine.update(_hyper(user))
             with torch.no_grad():
                 x.copy_(theta[a:b])
-            x.grad = grad[a:b].clone()
+            x.grad = grad[a:b]  # a view: torch optimizers do not write into gradients
         self.optimizer.step()
         return torch.cat([x.detach() for x in self.slices])
 
