@@ -83,11 +83,15 @@ def measure(rank: int) -> dict[str, Any]:
         opt = FOSI(model.parameters(), base, k=10, l=0, alpha=0.01, ese_every=ESE_EVERY,
                    warmup=2, model=model)  # fmt: skip
         cx, cy = data(64)
+
+        def closure() -> torch.Tensor:
+            return nn.functional.cross_entropy(model(cx), cy)
+
         step_s = []
         for step in range(8):
             backward()
             started = time.perf_counter()
-            opt.step(lambda: nn.functional.cross_entropy(model(cx), cy))
+            opt.step(closure)
             if step != 2:
                 step_s.append(time.perf_counter() - started)
             if step == 2:
@@ -163,7 +167,8 @@ def summarise(job: dict[str, Any]) -> dict[str, Any]:
 def report(jobs: list[dict[str, Any]]) -> None:
     one = jobs[0]
     print(f"FOSI/DHO2, MLP of {one['parameters'] / 1e6:.2f} M parameters, k = 10, m = 40, "
-          f"SGD momentum base, gloo on CPU; median (min..max) of {ROUNDS} rounds, max over ranks")  # fmt: skip
+          "SGD momentum base, gloo on CPU; median (min..max) of "
+          f"{ROUNDS} rounds, max over ranks")  # fmt: skip
     print(f"{'P':>2} {'peak MiB':>22} {'vs P=1':>7} {'ESE s':>20} {'step s':>20} "
           f"{'ESE share @' + str(ESE_EVERY):>16}  tally MiB (V, basis, base)")  # fmt: skip
     for job in jobs:
@@ -171,9 +176,11 @@ def report(jobs: list[dict[str, Any]]) -> None:
         share, use = job["ese_share_at_interval"], job["memory_usage_max_rank"]
         ratio = p["median"] / one["peak_bytes_max_rank"]["median"]
         print(
-            f"{job['world_size']:>2} {p['median'] / MIB:>8.1f} ({p['min'] / MIB:.1f}..{p['max'] / MIB:.1f})"
+            f"{job['world_size']:>2} {p['median'] / MIB:>8.1f} "
+            f"({p['min'] / MIB:.1f}..{p['max'] / MIB:.1f})"
             f" {ratio:>6.2f}x {e['median']:>7.3f} ({e['min']:.3f}..{e['max']:.3f})"
-            f" {s['median']:>7.4f} ({s['min']:.4f}..{s['max']:.4f}) {share['median'] * 100:>14.1f} %"
+            f" {s['median']:>7.4f} ({s['min']:.4f}..{s['max']:.4f})"
+            f" {share['median'] * 100:>14.1f} %"
             f"  {use['eigenvectors_bytes'] / MIB:.1f}, {use['lanczos_basis_bytes'] / MIB:.1f}, "
             f"{use['base_state_bytes'] / MIB:.1f}"
         )

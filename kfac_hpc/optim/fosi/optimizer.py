@@ -143,7 +143,8 @@ class FOSI(torch.optim.Optimizer):
         """One update from the parameters' ``.grad``; ``closure()`` (the curvature batch's
         loss, with graph) is called only when an ESE is due. Returns the closure's last loss."""
         due = self._ese_due()
-        if due and closure is None:
+        runs_ese = self.pipeline is None or self.is_curvature_rank
+        if due and runs_ese and closure is None:
             raise ValueError(
                 f"FOSI.step: an ESE is due at step {self.step_count}; pass closure= (a callable "
                 "returning the curvature-batch loss with its graph)"

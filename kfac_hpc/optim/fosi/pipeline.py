@@ -5,9 +5,10 @@ is due at step ``t``, training rank 0 sends the parameters θ_t to every curvatu
 training ranks post receives for the result, then keep training; the curvature ranks run the
 sharded Lanczos (over their own group, each on its own curvature micro-batch) and send every
 training rank its coordinates of the eigenvectors plus the eigenvalues. A training rank swaps
-the new eigenvectors in at the first step boundary at which they have arrived, and waits for
-them at step ``t + max_staleness`` at the latest; ``max_staleness = 0`` gives exactly the
-synchronous algorithm.
+the new eigenvectors in at the first step boundary at which they have arrived on every training
+rank (one allreduced flag per step while an ESE is in flight), and waits for them at step
+``t + max_staleness`` at the latest; ``max_staleness = 0`` gives exactly the synchronous
+algorithm.
 
 Messages are point-to-point (gloo and NCCL both have them): the eigenvalues ``(k + l,)`` padded
 with NaN when Lanczos stopped early, and for every pair of a curvature and a training rank whose
@@ -96,7 +97,12 @@ class CurvaturePipeline:
         p = self.pending
         if p is None:
             return False
-        return step - p.step >= max_staleness or all(w.is_completed() for w in p.works)
+        if step - p.step >= max_staleness:
+            return True
+        # all training ranks must swap at the same step: arrived everywhere (a MIN of flags)
+        arrived = torch.tensor([float(all(w.is_completed() for w in p.works))])
+        dist.all_reduce(arrived, op=dist.ReduceOp.MIN, group=self.shard.group)
+        return bool(arrived.item())
 
     def take(self) -> tuple[int, torch.Tensor, torch.Tensor]:
         """Wait for the pending result: (snapshot step, eigenvalues ``(K,)`` float64,
