@@ -84,7 +84,7 @@ def measure(rank: int) -> dict[str, Any]:
                    warmup=2, model=model)  # fmt: skip
         cx, cy = data(64)
 
-        def closure() -> torch.Tensor:
+        def closure(cx: torch.Tensor = cx, cy: torch.Tensor = cy) -> torch.Tensor:
             return nn.functional.cross_entropy(model(cx), cy)
 
         step_s = []
