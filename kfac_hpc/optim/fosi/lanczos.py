@@ -4,8 +4,9 @@ The basis ``Q`` (m × n) is kept in float64 and sharded over coordinates like ev
 (:class:`~kfac_hpc.optim.fosi.sharding.CoordinateShard`): each rank holds ``Q[:, start:stop]``.
 A dot product is a local dot product plus an allreduce of one number; reorthogonalizing against
 the ``j`` vectors so far is a local ``(j × n_r) @ (n_r,)`` plus an allreduce of ``j`` numbers
-(done twice, classical Gram-Schmidt with one repetition, which keeps the basis orthogonal to
-rounding). The tridiagonal matrix is the same on every rank; its eigenpairs give the Ritz
+after the three-term recurrence (classical Gram-Schmidt, repeated once when the pass cancelled
+much of the vector: the DGKS criterion, which keeps the basis orthogonal to rounding at about
+half the cost of always passing twice). The tridiagonal matrix is the same on every rank; its eigenpairs give the Ritz
 values and, with the local basis, each rank's slice of the Ritz vectors.
 """
 
@@ -23,6 +24,9 @@ __all__ = ["ExtremeSpectrum", "lanczos_extremes"]
 # A Krylov space is exhausted (invariant) when the new residual is this small relative to the
 # largest Ritz value so far: the next vector would be rounding noise.
 _BREAKDOWN = 1e-10
+# A reorthogonalization pass that keeps more than this fraction of the norm left the vector
+# orthogonal to the basis to rounding; otherwise it is repeated once.
+_DGKS = 0.5**0.5
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,11 @@ class ExtremeSpectrum:
     vectors: torch.Tensor
     iterations: int
     basis_bytes: int
+
+
+def _dot(shard: CoordinateShard, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """⟨a, b⟩ over all coordinates (one allreduced number)."""
+    return shard.allreduce((a * b).sum().reshape(1))[0]
 
 
 def _start_vector(shard: CoordinateShard, seed: int) -> torch.Tensor:
@@ -71,11 +80,18 @@ def lanczos_extremes(
     for j in range(m):
         basis[j] = q
         w = hvp(q)
-        alphas[j] = shard.allreduce((w * q).sum().reshape(1))[0]
-        for _ in range(2):  # full reorthogonalization, twice
+        alphas[j] = _dot(shard, w, q)
+        w -= alphas[j] * q  # the three-term recurrence first (O(n) per rank) ...
+        if j > 0:
+            w -= betas[j - 1] * basis[j - 1]
+        norm = _dot(shard, w, w).sqrt()
+        for _ in range(2):  # ... then full reorthogonalization, repeated when it removed much
             coeffs = shard.allreduce(basis[: j + 1] @ w)
             w -= coeffs @ basis[: j + 1]
-        beta = shard.allreduce((w * w).sum().reshape(1))[0].sqrt()
+            beta = _dot(shard, w, w).sqrt()
+            if beta > _DGKS * norm:  # Daniel-Gragg-Kaufman-Stewart: orthogonal to rounding
+                break
+            norm = beta
         scale = max(alphas[: j + 1].abs().max().item(), 1.0)
         if j == m - 1 or beta.item() <= _BREAKDOWN * scale:
             steps = j + 1
