@@ -6,8 +6,9 @@ A dot product is a local dot product plus an allreduce of one number; reorthogon
 the ``j`` vectors so far is a local ``(j × n_r) @ (n_r,)`` plus an allreduce of ``j`` numbers
 after the three-term recurrence (classical Gram-Schmidt, repeated once when the pass cancelled
 much of the vector: the DGKS criterion, which keeps the basis orthogonal to rounding at about
-half the cost of always passing twice). The tridiagonal matrix is the same on every rank; its eigenpairs give the Ritz
-values and, with the local basis, each rank's slice of the Ritz vectors.
+half the cost of always passing twice). The tridiagonal matrix is the same on every rank; its
+eigenpairs give the Ritz values and, with the local basis, each rank's slice of the Ritz
+vectors.
 """
 
 from __future__ import annotations
