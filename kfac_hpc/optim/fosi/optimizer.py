@@ -221,7 +221,7 @@ class FOSI(torch.optim.Optimizer):
         wd = weight_decay_vector(self.base, self.bounds, shard)
 
         def operator(q: torch.Tensor) -> torch.Tensor:
-            hv = hvp(shard.gather(q).to(dtype))
+            hv = hvp(shard.gather(q.to(dtype)))  # cast first: half the bytes gathered
             return shard.reduce_scatter_mean(hv).to(torch.float64) + wd * q
 
         m = min(self.options.iterations, self.n)

@@ -79,10 +79,11 @@ class CoordinateShard:
         return torch.cat([p[..., : b - a] for p, (a, b) in zip(pieces, sizes, strict=True)], -1)
 
     def reduce_scatter_mean(self, full: torch.Tensor) -> torch.Tensor:
-        """This rank's slice of the mean of ``full`` (``(n,)``) over the group.
+        """This rank's slice of the mean of ``full`` (``(n,)``, a temporary: it may be
+        overwritten) over the group.
 
-        NCCL reduce-scatters; gloo has no reduce-scatter, so it allreduces and slices (same
-        result, P× the received bytes).
+        NCCL reduce-scatters; gloo has no reduce-scatter, so it allreduces in place and slices
+        (same result, P× the received bytes).
         """
         if self.world == 1:
             return full
@@ -91,9 +92,8 @@ class CoordinateShard:
             out = torch.empty(self.padded, dtype=full.dtype, device=full.device)
             dist.reduce_scatter_tensor(out, padded.contiguous(), group=self.group)
             return out[: self.size].div_(self.world)
-        summed = full.clone()
-        dist.all_reduce(summed, group=self.group)
-        return self.local(summed).div_(self.world)
+        dist.all_reduce(full, group=self.group)
+        return self.local(full).div_(self.world)
 
 
 def flatten(tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
