@@ -1,4 +1,5 @@
-"""The K-FAC preconditioner: layers, factors, second-order data, schedules, orchestration."""
+"""The methods' optimizers: the K-FAC preconditioner (layers, factors, second-order data,
+schedules, orchestration) and FOSI / DHO2 (optim/fosi/)."""
 
 from kfac_hpc.optim.fosi import FOSI
 from kfac_hpc.optim.options import AssignmentStrategy, ComputeMethod, KFACOptions
