@@ -7,7 +7,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["KFACPreconditioner", "__version__"]
+__all__ = ["FOSI", "KFACPreconditioner", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -16,4 +16,8 @@ def __getattr__(name: str) -> Any:
         from kfac_hpc.optim import KFACPreconditioner
 
         return KFACPreconditioner
+    if name == "FOSI":
+        from kfac_hpc.optim import FOSI
+
+        return FOSI
     raise AttributeError(f"module 'kfac_hpc' has no attribute {name!r}")

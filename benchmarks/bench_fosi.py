@@ -1,0 +1,228 @@
+"""DHO2 per-rank memory and ESE cost at P = 1, 2, 4 ranks (gloo, CPU).
+
+One command: ``.venv/bin/python benchmarks/bench_fosi.py`` starts itself as 1, 2 and 4 real
+ranks (``mpiexec``), one job after the other, each running the same workload:
+
+* a float32 MLP 1024-1024-1024-10 (2.1 M parameters), SGD with momentum 0.9 as the base, FOSI
+  with k = 10, l = 0 (m = 40 Lanczos steps, forward-over-reverse HVPs), training micro-batches
+  of 32 and curvature micro-batches of 64 per rank;
+* memory, ROUNDS times: with the model and its gradients already allocated, the kernel's
+  resident-set high-water mark of this process is reset (``/proc/self/clear_refs``, 5) and its
+  resident set read (``VmRSS``); FOSI is built and runs two plain steps and one step with an
+  ESE; the new high-water mark (``VmHWM``) minus that baseline is FOSI's peak: ESE (Lanczos
+  basis, HVP and all-gather temporaries), V, velocity and the ZeRO-1 base state, measured from
+  what the process really touched (the CPU allocator of torch keeps no statistics);
+* time: per round, the ESE seconds (``last_ese_s``, slowest rank) and the median of five steps
+  without ESE, and so the ESE's share of step time at ``ese_every = 100``; and the seconds of
+  one HVP by each autodiff route (median of ROUNDS products).
+
+Prints median (min, max) over the rounds, max over ranks, the ratios against P = 1, and writes
+benchmarks/results/fosi.json. Target: peak memory at P = 4 <= 0.3x that of P = 1.
+Note: this machine may have fewer cores than 4 ranks; times at P = 4 then share cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+WORLD_SIZES = (1, 2, 4)
+ROUNDS = 3
+ESE_EVERY = 100
+MIB = 1024 * 1024
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def measure(rank: int) -> dict[str, Any]:
+    """ROUNDS rounds of FOSI's peak memory (bytes), ESE seconds and step seconds."""
+    import torch
+    from torch import nn
+
+    from kfac_hpc.optim.fosi import FOSI
+    from kfac_hpc.optim.fosi.hvp import HessianVectorProduct
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(1024, 1024), nn.Tanh(), nn.Linear(1024, 1024), nn.Tanh(), nn.Linear(1024, 10)
+    )
+    gen = torch.Generator().manual_seed(rank)
+
+    def data(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(size, 1024, generator=gen), torch.randint(0, 10, (size,), generator=gen)
+
+    def backward() -> None:
+        x, y = data(32)
+        model.zero_grad(set_to_none=False)
+        nn.functional.cross_entropy(model(x), y).backward()
+
+    backward()  # gradients exist before the baseline
+    rounds: list[dict[str, Any]] = []
+    for _ in range(ROUNDS):
+        gc.collect()
+        _reset_peak()
+        baseline = _status_kib("VmRSS")
+        base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        opt = FOSI(model.parameters(), base, k=10, l=0, alpha=0.01, ese_every=ESE_EVERY,
+                   warmup=2, model=model)  # fmt: skip
+        cx, cy = data(64)
+
+        def closure(cx: torch.Tensor = cx, cy: torch.Tensor = cy) -> torch.Tensor:
+            return nn.functional.cross_entropy(model(cx), cy)
+
+        step_s = []
+        for step in range(8):
+            backward()
+            started = time.perf_counter()
+            opt.step(closure)
+            if step != 2:
+                step_s.append(time.perf_counter() - started)
+            if step == 2:
+                peak = _status_kib("VmHWM")
+                usage = opt.memory_usage()
+        rounds.append({
+            "peak_bytes": (peak - baseline) * 1024,
+            "ese_s": opt.last_ese_s,
+            "step_s": statistics.median(step_s),
+            "memory_usage": usage,
+        })  # fmt: skip
+        del opt, base
+    hvp_s = {}
+    for mode in ("forward-over-reverse", "double-backward"):  # per product, this rank alone
+        hvp = HessianVectorProduct(list(model.parameters()), lambda: nn.functional.cross_entropy(
+            model(cx), cy), model, mode)  # fmt: skip
+        v = torch.randn(sum(p.numel() for p in model.parameters()), generator=gen)
+        hvp(v)
+        samples = []
+        for _ in range(ROUNDS):
+            started = time.perf_counter()
+            hvp(v)
+            samples.append(time.perf_counter() - started)
+        hvp_s[mode] = statistics.median(samples)
+    return {"rank": rank, "parameters": sum(p.numel() for p in model.parameters()),
+            "rounds": rounds, "hvp_s": hvp_s}  # fmt: skip
+
+
+def worker(out: Path) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from kfac_hpc.runtime import init_distributed, shutdown
+
+    ctx = init_distributed(backend="gloo", timeout_s=600)
+    torch.set_num_threads(1)
+    mine = measure(ctx.rank)
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    if ctx.rank == 0:
+        out.write_text(json.dumps({"world_size": dist.get_world_size(), "ranks": gathered}))
+    shutdown()
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summarise(job: dict[str, Any]) -> dict[str, Any]:
+    """Per round the max over ranks, then median/min/max over rounds."""
+    ranks = job["ranks"]
+    per_round = list(zip(*(r["rounds"] for r in ranks), strict=True))
+    peak = [max(r["peak_bytes"] for r in rnd) for rnd in per_round]
+    ese = [max(r["ese_s"] for r in rnd) for rnd in per_round]
+    step = [max(r["step_s"] for r in rnd) for rnd in per_round]
+    share = [e / (e + ESE_EVERY * s) for e, s in zip(ese, step, strict=True)]
+    usage = {key: max(r["rounds"][-1]["memory_usage"][key] for r in ranks)
+             for key in ranks[0]["rounds"][-1]["memory_usage"]}  # fmt: skip
+    return {
+        "world_size": job["world_size"],
+        "parameters": ranks[0]["parameters"],
+        "peak_bytes_max_rank": _stats(peak),
+        "ese_s": _stats(ese),
+        "step_s": _stats(step),
+        "ese_share_at_interval": _stats(share),
+        "memory_usage_max_rank": usage,
+        "hvp_s_max_rank": {
+            mode: max(r["hvp_s"][mode] for r in ranks) for mode in ranks[0]["hvp_s"]
+        },
+    }
+
+
+def report(jobs: list[dict[str, Any]]) -> None:
+    one = jobs[0]
+    print(f"FOSI/DHO2, MLP of {one['parameters'] / 1e6:.2f} M parameters, k = 10, m = 40, "
+          "SGD momentum base, gloo on CPU; median (min..max) of "
+          f"{ROUNDS} rounds, max over ranks")  # fmt: skip
+    print(f"{'P':>2} {'peak MiB':>22} {'vs P=1':>7} {'ESE s':>20} {'step s':>20} "
+          f"{'ESE share @' + str(ESE_EVERY):>16}  tally MiB (V, basis, base)")  # fmt: skip
+    for job in jobs:
+        p, e, s = job["peak_bytes_max_rank"], job["ese_s"], job["step_s"]
+        share, use = job["ese_share_at_interval"], job["memory_usage_max_rank"]
+        ratio = p["median"] / one["peak_bytes_max_rank"]["median"]
+        print(
+            f"{job['world_size']:>2} {p['median'] / MIB:>8.1f} "
+            f"({p['min'] / MIB:.1f}..{p['max'] / MIB:.1f})"
+            f" {ratio:>6.2f}x {e['median']:>7.3f} ({e['min']:.3f}..{e['max']:.3f})"
+            f" {s['median']:>7.4f} ({s['min']:.4f}..{s['max']:.4f})"
+            f" {share['median'] * 100:>14.1f} %"
+            f"  {use['eigenvectors_bytes'] / MIB:.1f}, {use['lanczos_basis_bytes'] / MIB:.1f}, "
+            f"{use['base_state_bytes'] / MIB:.1f}"
+        )
+    for job in jobs:
+        hvp = job["hvp_s_max_rank"]
+        print(f"P = {job['world_size']}: one HVP (curvature micro-batch 64, slowest rank): "
+              + ", ".join(f"{mode} {sec * 1e3:.0f} ms" for mode, sec in hvp.items()))  # fmt: skip
+    last = jobs[-1]
+    ratio = last["peak_bytes_max_rank"]["median"] / one["peak_bytes_max_rank"]["median"]
+    verdict = "met" if ratio <= 0.3 else "MISSED"
+    print(
+        f"peak memory at P = {last['world_size']}: {ratio:.3f}x of P = 1 (target <= 0.3): {verdict}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        worker(args.worker)
+        return
+    root = Path(__file__).resolve().parent
+    results = root / "results"
+    results.mkdir(exist_ok=True)
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    start = time.perf_counter()
+    jobs = []
+    for world in WORLD_SIZES:
+        raw = results / f"fosi.p{world}.json"
+        cmd = [str(mpiexec), "-n", str(world), sys.executable, __file__, "--worker", str(raw)]
+        subprocess.run(cmd, env=env, check=True, timeout=900, cwd=root.parent)
+        jobs.append(summarise(json.loads(raw.read_text())))
+        raw.unlink()
+    summary = {"command": "python benchmarks/bench_fosi.py", "jobs": jobs,
+               "wall_s": time.perf_counter() - start}  # fmt: skip
+    (results / "fosi.json").write_text(json.dumps(summary, indent=2) + "\n")
+    report(jobs)
+
+
+if __name__ == "__main__":
+    main()

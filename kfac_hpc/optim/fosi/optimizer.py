@@ -1,0 +1,353 @@
+"""FOSI (Sivan et al., ICLR 2024) and its distributed design DHO2: one torch.optim-style class.
+
+Every ``ese_every`` steps from step ``warmup`` on, an extreme-spectrum estimation (ESE) finds
+the ``k`` largest and ``l`` smallest eigenpairs (V, λ) of the Hessian of the closure's loss.
+A step then splits the gradient g of the objective (loss + weight decay) into g1 = Vᵀ(V g) and
+the rest, keeps a velocity v ← βv + (1 − β)g1, takes the subspace Newton step
+d1 = −α Vᵀ(|λ|⁻¹ ⊙ V v), lets the base optimizer update with the rest, projects that update d2
+out of span(V) and applies θ ← θ + s·d2 + d1, s = clip(λ_max/λ_k, 1, clip) (1 for adaptive
+bases). Before the first ESE it is the base optimizer, bit for bit.
+
+With torch.distributed initialized, every vector (eigenvectors, Lanczos basis, velocity, base
+state) is sharded over parameter coordinates: see sharding.py, sharded_base.py, pipeline.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from kfac_hpc.optim.fosi.hvp import HessianVectorProduct
+from kfac_hpc.optim.fosi.lanczos import ExtremeSpectrum, lanczos_extremes
+from kfac_hpc.optim.fosi.options import FOSIOptions
+from kfac_hpc.optim.fosi.pipeline import CurvaturePipeline
+from kfac_hpc.optim.fosi.sharded_base import ShardedBase, weight_decay_vector
+from kfac_hpc.optim.fosi.sharding import CoordinateShard, flatten
+
+__all__ = ["FOSI"]
+
+Closure = Callable[[], torch.Tensor]
+STATE_FORMAT = "fosi-full-v1"
+
+
+def _cloned(tree: Any) -> Any:
+    """``tree`` with every tensor copied (torch optimizers' state_dict() hands out their live
+    buffers, and load_state_dict() keeps a tensor of the right dtype as it is)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.clone()
+    if isinstance(tree, dict):
+        return {key: _cloned(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_cloned(value) for value in tree]
+    return tree
+
+
+class FOSI(torch.optim.Optimizer):
+    """FOSI / DHO2 around ``base`` (built on the same ``params``); see the module docstring and
+    docs/fosi.md. ``model``: the module the parameters belong to, for forward-over-reverse
+    HVPs and to keep its buffers (BatchNorm statistics) unchanged by ESE.
+
+    Its ``param_groups`` are the base's (the same dicts), so a learning-rate scheduler may be
+    attached to either."""
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor],
+        base: torch.optim.Optimizer,
+        k: int = 10,
+        l: int = 0,  # noqa: E741 (the paper's name)
+        alpha: float = 0.01,
+        ese_every: int = 100,
+        warmup: int = 20,
+        lanczos_iters: int | None = None,
+        clip: float = 3.0,
+        *,
+        model: nn.Module | None = None,
+        **options: Any,
+    ) -> None:
+        self.options = FOSIOptions(k, l, alpha, ese_every=ese_every, warmup=warmup,
+                                   lanczos_iters=lanczos_iters, clip=clip, **options)  # fmt: skip
+        self.params = [p for g in base.param_groups for p in g["params"]]
+        if {id(p) for p in params} != {id(p) for p in self.params}:
+            raise ValueError("FOSI params: pass the parameters the base optimizer was built on")
+        dtypes = {(p.dtype, p.device) for p in self.params}
+        if len(dtypes) != 1:
+            raise ValueError(
+                f"FOSI params: one dtype and device needed, got {sorted(map(str, dtypes))}"
+            )
+        super().__init__(self.params, {})
+        self.param_groups = base.param_groups
+        self.base, self.model = base, model
+        bounds, start = [], 0
+        for group in base.param_groups:
+            size = sum(p.numel() for p in group["params"])
+            bounds.append((start, start + size))
+            start += size
+        self.n, self.bounds = start, bounds
+        self.pipeline: CurvaturePipeline | None = None
+        distributed = dist.is_available() and dist.is_initialized()
+        if self.options.curvature_ranks:
+            if not distributed:
+                raise ValueError("FOSI option curvature_ranks needs torch.distributed; use 0")
+            self.pipeline = CurvaturePipeline(self.n, k + l, self.options.curvature_ranks)
+            self.shard = self.pipeline.shard
+        elif distributed:
+            self.shard = CoordinateShard(self.n, dist.get_world_size(), dist.get_rank())
+        else:
+            self.shard = CoordinateShard(self.n, 1, 0)
+        self.sharded_base = (
+            None if self.is_curvature_rank else ShardedBase(base, self.shard, bounds)
+        )
+        self.step_count = 0
+        self.ese_count = 0
+        self.eigenvalues = torch.empty(0, dtype=torch.float64)
+        self.vectors: torch.Tensor | None = None  # (K, n_r), this rank's coordinates
+        self.velocity: torch.Tensor | None = None  # (n_r,)
+        self.staleness: list[int] = []  # steps between snapshot and swap, per ESE
+        self.hvp_mode_used: str | None = None
+        self.lanczos_basis_bytes = 0
+        self.last_ese_s = 0.0  # seconds of this rank's last ESE (0 on pipelined trainers)
+
+    # -- properties -------------------------------------------------------------------
+    @property
+    def is_curvature_rank(self) -> bool:
+        """True on a rank given to ESE only (``curvature_ranks``); its gradients are unused."""
+        return self.pipeline is not None and self.pipeline.is_curvature
+
+    def memory_usage(self) -> dict[str, int]:
+        """Bytes this rank holds: eigenvectors, velocity, base optimizer state, and the Lanczos
+        basis of the last ESE (alive during ESE only)."""
+
+        def size(t: torch.Tensor | None) -> int:
+            return 0 if t is None else t.element_size() * t.numel()
+
+        return {
+            "eigenvectors_bytes": size(self.vectors),
+            "velocity_bytes": size(self.velocity),
+            "base_state_bytes": 0 if self.sharded_base is None else self.sharded_base.state_bytes(),
+            "lanczos_basis_bytes": self.lanczos_basis_bytes,
+        }
+
+    # -- the step ---------------------------------------------------------------------
+    def _ese_due(self) -> bool:
+        o = self.options
+        return self.step_count >= o.warmup and (self.step_count - o.warmup) % o.ese_every == 0
+
+    @torch.no_grad()
+    def step(self, closure: Closure | None = None) -> torch.Tensor | None:  # type: ignore[override]
+        """One update from the parameters' ``.grad``; ``closure()`` (the curvature batch's
+        loss, with graph) is called only when an ESE is due. Returns the closure's last loss."""
+        due = self._ese_due()
+        runs_ese = self.pipeline is None or self.is_curvature_rank
+        if due and runs_ese and closure is None:
+            raise ValueError(
+                f"FOSI.step: an ESE is due at step {self.step_count}; pass closure= (a callable "
+                "returning the curvature-batch loss with its graph)"
+            )
+        loss = None
+        seed = self.options.seed + self.ese_count  # of this ESE's Lanczos start vector
+        self.ese_count += int(due)  # on every rank, whichever runs the ESE
+        if self.is_curvature_rank:
+            if due:
+                assert self.pipeline is not None and closure is not None
+                flat = flatten(self.params)
+                self._write_params(self.pipeline.receive_snapshot(flat))
+                spectrum, loss = self._estimate(closure, seed)
+                self.pipeline.send(spectrum, self.params[0].dtype)
+            self.step_count += 1
+            return loss
+        grads = flatten([torch.zeros_like(p) if p.grad is None else p.grad for p in self.params])
+        if self.options.average_gradients:
+            g = self.shard.reduce_scatter_mean(grads)
+        else:
+            g = self.shard.local(grads)
+        if due and self.pipeline is not None:
+            self.pipeline.request(self.step_count, flatten(self.params))
+        elif due:
+            assert closure is not None
+            spectrum, loss = self._estimate(closure, seed)
+            self._install(spectrum.eigenvalues, spectrum.vectors, self.step_count)
+        if self.pipeline is not None and self.pipeline.due(
+            self.step_count, self.options.max_staleness
+        ):
+            snapshot, values, vectors = self.pipeline.take()
+            self._install(values, vectors, snapshot)
+        theta = self.shard.local(flatten(self.params))
+        self._write_local(self._update(theta, g))
+        self.step_count += 1
+        return loss
+
+    def _update(self, theta: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """New values of this rank's coordinates ``theta`` given the mean gradient ``g``."""
+        assert self.sharded_base is not None
+        V, v = self.vectors, self.velocity
+        if V is None or v is None or V.shape[0] == 0:
+            return self.sharded_base.step(theta, g)
+        o = self.options
+        wd = self.sharded_base.weight_decay().to(g.dtype)
+        coeffs = self.shard.allreduce(torch.stack([V @ (g + wd * theta), V @ v]))
+        c_g, c_v = coeffs[0], coeffs[1]
+        g1 = c_g @ V
+        v.mul_(o.momentum).add_(g1, alpha=1 - o.momentum)
+        c_v = o.momentum * c_v + (1 - o.momentum) * c_g  # V v, V orthonormal
+        d1 = -o.alpha * ((c_v / self.eigenvalues.abs().to(g.dtype)) @ V)
+        # the base adds its weight decay itself: it gets the loss gradient minus g1
+        d2 = self.sharded_base.step(theta, g - g1) - theta
+        d2 -= self.shard.allreduce(V @ d2) @ V
+        return theta + self._scale() * d2 + d1
+
+    def _scale(self) -> float:
+        """s = clip(λ_max / λ_k, 1, clip); 1 for adaptive bases, without k or with λ_k <= 0."""
+        k = min(self.options.k, self.eigenvalues.numel())
+        assert self.sharded_base is not None
+        if self.sharded_base.adaptive or k == 0 or self.eigenvalues[k - 1] <= 0:
+            return 1.0
+        ratio = float(self.eigenvalues[0] / self.eigenvalues[k - 1])
+        return min(max(ratio, 1.0), self.options.clip)
+
+    # -- ESE --------------------------------------------------------------------------
+    def _estimate(self, closure: Closure, seed: int) -> tuple[ExtremeSpectrum, torch.Tensor | None]:
+        """Lanczos on the mean Hessian (+ weight decay) of every rank's closure loss; the
+        module's buffers are restored afterwards."""
+        started = time.perf_counter()
+        buffers = [] if self.model is None else [b.clone() for b in self.model.buffers()]
+        hvp = HessianVectorProduct(self.params, closure, self.model, self.options.hvp)
+        shard, dtype = self.shard, self.params[0].dtype
+        wd = weight_decay_vector(self.base, self.bounds, shard)
+
+        def operator(q: torch.Tensor) -> torch.Tensor:
+            hv = hvp(shard.gather(q.to(dtype)))  # cast first: half the bytes gathered
+            return shard.reduce_scatter_mean(hv).to(torch.float64) + wd * q
+
+        m = min(self.options.iterations, self.n)
+        spectrum = lanczos_extremes(operator, shard, self.options.k, self.options.l, m, seed)
+        if self.model is not None:
+            for live, saved in zip(self.model.buffers(), buffers, strict=True):
+                live.copy_(saved)
+        self.hvp_mode_used = hvp.mode_used
+        self.lanczos_basis_bytes = spectrum.basis_bytes
+        self.last_ese_s = time.perf_counter() - started
+        return spectrum, hvp.loss
+
+    def _install(self, values: torch.Tensor, vectors: torch.Tensor, snapshot_step: int) -> None:
+        """Swap in eigenpairs (float64 ``(K,)``, ``(K, n_r)``) computed at ``snapshot_step``."""
+        dtype = self.params[0].dtype
+        self.eigenvalues = values.to(torch.float64).clone()
+        self.vectors = vectors.to(dtype).contiguous()
+        if self.velocity is None:
+            self.velocity = torch.zeros(self.shard.size, dtype=dtype)
+        self.staleness.append(self.step_count - snapshot_step)
+
+    def set_spectrum(self, eigenvalues: torch.Tensor, vectors: torch.Tensor) -> None:
+        """Use these eigenpairs from now on: ``eigenvalues`` ``(K,)`` largest first, ``vectors``
+        ``(K, n)`` orthonormal rows over all coordinates (this rank keeps its slice)."""
+        if vectors.shape != (eigenvalues.numel(), self.n):
+            raise ValueError(
+                f"FOSI.set_spectrum: vectors must be ({eigenvalues.numel()}, {self.n})"
+            )
+        self._install(eigenvalues, self.shard.local(vectors), self.step_count)
+
+    # -- parameters -------------------------------------------------------------------
+    def _write_params(self, flat: torch.Tensor) -> None:
+        for p, chunk in zip(self.params, flat.split([p.numel() for p in self.params]), strict=True):
+            p.copy_(chunk.view_as(p))
+
+    def _write_local(self, local: torch.Tensor) -> None:
+        """All-gather every rank's new coordinates into the parameters."""
+        self._write_params(self.shard.gather(local))
+
+    # -- state ------------------------------------------------------------------------
+    def _counters(self) -> dict[str, Any]:
+        return {
+            "step_count": self.step_count,
+            "ese_count": self.ese_count,
+            "staleness": list(self.staleness),
+            "hvp_mode_used": self.hvp_mode_used,
+        }
+
+    def _load_counters(self, state: dict[str, Any]) -> None:
+        self.step_count = int(state["step_count"])
+        self.ese_count = int(state["ese_count"])
+        self.staleness = [int(s) for s in state["staleness"]]
+        self.hvp_mode_used = state["hvp_mode_used"]
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state (its coordinates of V, the velocity and the base state, plus λ
+        and the counters); :meth:`load_state_dict` on the same rank of the same world size is
+        its exact inverse. A pipelined ESE still in flight is not part of it."""
+
+        def copy(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.clone()
+
+        return {
+            **self._counters(),
+            "world_size": self.shard.world,
+            "rank": self.shard.rank,
+            "n": self.n,
+            "eigenvalues": self.eigenvalues.clone(),
+            "eigenvectors": copy(self.vectors),
+            "velocity": copy(self.velocity),
+            "base": None
+            if self.sharded_base is None
+            else _cloned(self.sharded_base.optimizer.state_dict()),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict` (same world size and rank; for another world size use
+        :meth:`load_full_state_dict`)."""
+        mine = (self.shard.world, self.shard.rank, self.n)
+        saved = (state["world_size"], state["rank"], state["n"])
+        if saved != mine:
+            raise ValueError(
+                f"FOSI state: saved for (world_size, rank, n) = {saved}, this is {mine}; "
+                "re-shard with full_state_dict()/load_full_state_dict()"
+            )
+        self._load_counters(state)
+        self.eigenvalues = state["eigenvalues"].clone()
+        vectors, velocity = state["eigenvectors"], state["velocity"]
+        self.vectors = None if vectors is None else vectors.clone()
+        self.velocity = None if velocity is None else velocity.clone()
+        if self.sharded_base is not None:
+            self.sharded_base.optimizer.load_state_dict(_cloned(state["base"]))
+
+    def full_state_dict(self) -> dict[str, Any]:
+        """The whole state with every vector gathered over all coordinates (collective on
+        every rank): plain tensors, numbers and strings, for an HDF5 tree. ``shapes``: the
+        parameter shapes it belongs to. Curvature ranks hold no update state (None)."""
+
+        def whole(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else self.shard.gather(t).clone()
+
+        training = self.sharded_base is not None
+        return {
+            "format": STATE_FORMAT,
+            "n": self.n,
+            "shapes": [list(p.shape) for p in self.params],
+            **self._counters(),
+            "eigenvalues": self.eigenvalues.clone(),
+            "eigenvectors": whole(self.vectors) if training else None,
+            "velocity": whole(self.velocity) if training else None,
+            "base": self.sharded_base.full_state() if self.sharded_base is not None else None,
+        }
+
+    def load_full_state_dict(self, state: dict[str, Any]) -> None:
+        """Load a :meth:`full_state_dict` saved at any world size: this rank takes its slices."""
+        shapes = [list(p.shape) for p in self.params]
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"FOSI state: format {state.get('format')!r}, need {STATE_FORMAT!r}")
+        if [list(s) for s in state["shapes"]] != shapes:
+            raise ValueError("FOSI state: parameter shapes differ from this model's; load it "
+                             "into the model it was saved from")  # fmt: skip
+        self._load_counters(state)
+        self.eigenvalues = state["eigenvalues"].to(torch.float64).clone()
+        dtype = self.params[0].dtype
+        vectors, velocity = state["eigenvectors"], state["velocity"]
+        self.vectors = None if vectors is None else self.shard.local(vectors).to(dtype).clone()
+        self.velocity = None if velocity is None else self.shard.local(velocity).to(dtype).clone()
+        if self.sharded_base is not None and state["base"] is not None:
+            self.sharded_base.load_full_state(state["base"])

@@ -1,0 +1,101 @@
+"""Coordinate sharding of one flat parameter vector over the ranks of a process group.
+
+The parameters of all groups are laid end to end (group by group, in the base optimizer's
+order) into one flat vector of ``n`` coordinates. Rank ``r`` of ``P`` owns the contiguous
+coordinates ``[start_r, stop_r)``; the first ``n mod P`` ranks own one coordinate more, so any
+``n`` works. Unlike ``ZeroRedundancyOptimizer`` (which gives whole parameters to ranks, greedily
+by size), every rank gets the same number of coordinates ±1, whatever the parameter shapes: the
+Lanczos basis and the eigenvectors are sharded exactly like the base optimizer state.
+
+Every collective here is the identity with one rank (or without a process group).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+__all__ = ["CoordinateShard", "shard_bounds"]
+
+
+def shard_bounds(n: int, world: int, rank: int) -> tuple[int, int]:
+    """``[start, stop)`` of the coordinates rank ``rank`` of ``world`` owns out of ``n``."""
+    base, extra = divmod(n, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+@dataclass(frozen=True)
+class CoordinateShard:
+    """This rank's slice ``[start, stop)`` of ``n`` coordinates, and the collectives over
+    ``group`` (``world`` ranks, this one is ``rank``) that move vectors between full and
+    sharded form."""
+
+    n: int
+    world: int
+    rank: int
+    group: ProcessGroup | None = None
+
+    @property
+    def start(self) -> int:
+        return shard_bounds(self.n, self.world, self.rank)[0]
+
+    @property
+    def stop(self) -> int:
+        return shard_bounds(self.n, self.world, self.rank)[1]
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def padded(self) -> int:
+        """The largest shard (all collectives move equal-sized, padded pieces)."""
+        return -(-self.n // self.world)
+
+    def local(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of the last dimension of ``full`` (a view)."""
+        return full[..., self.start : self.stop]
+
+    def allreduce(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum of ``values`` over the group, in place (a few numbers: dot products)."""
+        if self.world > 1:
+            dist.all_reduce(values, group=self.group)
+        return values
+
+    def gather(self, local: torch.Tensor) -> torch.Tensor:
+        """The full vector(s): the shards of all ranks along the last dimension, ``(..., n)``."""
+        if self.world == 1:
+            return local
+        pad = self.padded - self.size
+        piece = torch.nn.functional.pad(local, (0, pad)).contiguous()
+        pieces = [torch.empty_like(piece) for _ in range(self.world)]
+        dist.all_gather(pieces, piece, group=self.group)
+        sizes = [shard_bounds(self.n, self.world, r) for r in range(self.world)]
+        return torch.cat([p[..., : b - a] for p, (a, b) in zip(pieces, sizes, strict=True)], -1)
+
+    def reduce_scatter_mean(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of the mean of ``full`` (``(n,)``, a temporary: it may be
+        overwritten) over the group.
+
+        NCCL reduce-scatters; gloo has no reduce-scatter, so it allreduces in place and slices
+        (same result, P× the received bytes).
+        """
+        if self.world == 1:
+            return full
+        if dist.get_backend(self.group) == "nccl":
+            padded = torch.nn.functional.pad(full, (0, self.padded * self.world - self.n))
+            out = torch.empty(self.padded, dtype=full.dtype, device=full.device)
+            dist.reduce_scatter_tensor(out, padded.contiguous(), group=self.group)
+            return out[: self.size].div_(self.world)
+        dist.all_reduce(full, group=self.group)
+        return self.local(full).div_(self.world)
+
+
+def flatten(tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The tensors laid end to end as one 1-D tensor (a copy)."""
+    return torch.cat([t.detach().reshape(-1).to(dtype or t.dtype) for t in tensors])
