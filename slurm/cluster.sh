@@ -2,21 +2,42 @@
 # A real Slurm cluster of emulated nodes on this one machine, for tests and by hand.
 #
 #   slurm/cluster.sh install    apt-get install slurm-wlm and munge when missing (root)
-#   slurm/cluster.sh start      configure (idempotent) and start munged, slurmctld, N slurmd
+#   slurm/cluster.sh start [--nodes N] [--max-array-size M]
+#                               configure (idempotent) and start munged, slurmctld, N slurmd
 #   slurm/cluster.sh stop       stop every daemon by its PID file and wait for it to exit
 #   slurm/cluster.sh status     show what runs, then `sinfo`
 #   slurm/cluster.sh env        print the exports that point Slurm commands at this cluster
 #
 # All state (config, munge key and socket, spool, logs, PID files) lives in
-# $KFAC_SLURM_WORK (default: .work/slurm in the checkout). Nodes: n1..n$KFAC_SLURM_NODES
-# (default 4), each with $KFAC_SLURM_CPUS CPUs (default 2), all on 127.0.0.1.
+# $KFAC_SLURM_WORK (default: .work/slurm in the checkout). Nodes: n1..nN, N from --nodes or
+# $KFAC_SLURM_NODES (default 4), each with $KFAC_SLURM_CPUS CPUs (default 2; nodes share the
+# machine's cores, oversubscribed), all on 127.0.0.1, slurmd n<i> on port base+i.
+# `stop` stops every slurmd it finds a PID file for, whatever N the cluster started with.
 set -euo pipefail
+
+cmd="${1:-}"
+[ $# -gt 0 ] && shift
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --nodes) KFAC_SLURM_NODES="${2:-}"; shift 2 ;;
+    --nodes=*) KFAC_SLURM_NODES="${1#--nodes=}"; shift ;;
+    --max-array-size) KFAC_SLURM_MAX_ARRAY_SIZE="${2:-}"; shift 2 ;;
+    --max-array-size=*) KFAC_SLURM_MAX_ARRAY_SIZE="${1#--max-array-size=}"; shift ;;
+    *) echo "unknown option $1 (valid: --nodes N, --max-array-size M)" >&2; exit 2 ;;
+  esac
+done
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 work="${KFAC_SLURM_WORK:-$here/../.work/slurm}"
 mkdir -p "$work"
 work="$(cd "$work" && pwd)"
 nodes="${KFAC_SLURM_NODES:-4}"
+max_array_size="${KFAC_SLURM_MAX_ARRAY_SIZE:-1001}"
+for value in "$nodes" "$max_array_size"; do
+  case "$value" in
+    ''|*[!0-9]*|0) echo "--nodes and --max-array-size take a positive integer, got '$value'" >&2; exit 2 ;;
+  esac
+done
 cpus="${KFAC_SLURM_CPUS:-2}"
 base_port="${KFAC_SLURM_PORT:-17000}"
 conf="$work/etc/slurm.conf"
@@ -78,7 +99,7 @@ SlurmdLogFile=$work/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 MinJobAge=300
-MaxArraySize=1001
+MaxArraySize=$max_array_size
 KillWait=5
 InactiveLimit=0
 SchedulerParameters=sched_interval=1
@@ -144,11 +165,14 @@ stop_pidfile() {
 }
 
 stop() {
-  local i
   if [ -s "$conf" ] && pid_alive "$work/run/slurmctld.pid"; then
     SLURM_CONF="$conf" scancel --quiet --user="$(id -un)" 2>/dev/null || true
   fi
-  for i in $(seq 1 "$nodes"); do stop_pidfile "$work/run/slurmd-n$i.pid" "slurmd n$i"; done
+  local pidfile
+  for pidfile in "$work"/run/slurmd-*.pid; do
+    [ -e "$pidfile" ] || continue
+    stop_pidfile "$pidfile" "$(basename "$pidfile" .pid)"
+  done
   stop_pidfile "$work/run/slurmctld.pid" slurmctld
   stop_pidfile "$work/run/munged.pid" munged
   log "stopped"
@@ -163,12 +187,12 @@ status() {
   SLURM_CONF="$conf" sinfo
 }
 
-case "${1:-}" in
+case "$cmd" in
   install) install ;;
   configure) configure ;;
   start) start ;;
   stop) stop ;;
   status) status ;;
   env) echo "export SLURM_CONF=$conf" ;;
-  *) echo "usage: $0 install|configure|start|stop|status|env" >&2; exit 2 ;;
+  *) echo "usage: $0 install|configure|start [--nodes N] [--max-array-size M]|stop|status|env" >&2; exit 2 ;;
 esac

@@ -4,7 +4,10 @@
 set -euo pipefail
 top="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$top"
-bash slurm/cluster.sh start
+# One cluster for the whole suite: 16 nodes so that `sweep --nodes 1,2,4,16` runs (idle slurmd
+# cost nothing; a restart mid-suite would cost more), and a small MaxArraySize so that splitting a
+# sweep into several arrays needs only a few held tasks.
+bash slurm/cluster.sh start --nodes 16 --max-array-size 9
 trap 'bash slurm/cluster.sh stop' EXIT
 export SLURM_CONF="$top/.work/slurm/etc/slurm.conf"
 export PATH="$top/.venv/bin:$PATH"

@@ -21,6 +21,7 @@ __all__ = [
     "SlurmError",
     "TaskState",
     "max_array_size",
+    "partition_limits",
     "require_sbatch",
     "sacct_states",
     "sbatch",
@@ -73,6 +74,43 @@ def max_array_size() -> int:
     out = _run(["scontrol", "show", "config"])
     found = re.search(r"^MaxArraySize\s*=\s*(\d+)", out.stdout, re.MULTILINE)
     return int(found.group(1)) if out.returncode == 0 and found else DEFAULT_MAX_ARRAY_SIZE
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A partition's node limits: ``total_nodes`` it has, ``max_nodes`` one job may use."""
+
+    name: str
+    total_nodes: int
+    max_nodes: int | None
+    default: bool
+
+    @property
+    def job_nodes(self) -> int:
+        """The most nodes one job can ever get here."""
+        return min(self.total_nodes, self.max_nodes or self.total_nodes)
+
+
+def partition_limits() -> list[Partition]:
+    """Every partition the controller knows (empty when it does not answer)."""
+    out = _run(["scontrol", "-o", "show", "partition"])
+    if out.returncode != 0:
+        return []
+    found: list[Partition] = []
+    for line in out.stdout.splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        if "PartitionName" not in fields or not fields.get("TotalNodes", "").isdigit():
+            continue
+        max_nodes = fields.get("MaxNodes", "")
+        found.append(
+            Partition(
+                fields["PartitionName"],
+                int(fields["TotalNodes"]),
+                int(max_nodes) if max_nodes.isdigit() else None,
+                fields.get("Default") == "YES",
+            )
+        )
+    return found
 
 
 def sbatch(argv: Sequence[str], cwd: Path) -> str:

@@ -58,6 +58,33 @@ def plan_arrays(
     return plan
 
 
+def _requested_partition(sbatch_args: Sequence[str]) -> str | None:
+    """The partition named by ``-p X``, ``-pX``, ``--partition X`` or ``--partition=X``."""
+    for i, arg in enumerate(sbatch_args):
+        if arg in ("-p", "--partition") and i + 1 < len(sbatch_args):
+            return sbatch_args[i + 1]
+        for prefix in ("--partition=", "-p"):
+            if arg.startswith(prefix) and len(arg) > len(prefix):
+                return arg[len(prefix) :]
+    return None
+
+
+def _check_partition_fits(nodes: int, partition: str | None, sbatch_args: Sequence[str]) -> None:
+    """Refuse a node count that the partition can never hold (it would pend forever)."""
+    partitions = slurm.partition_limits()
+    wanted = _requested_partition(sbatch_args) or partition
+    chosen = [p for p in partitions if p.name == wanted or (wanted is None and p.default)]
+    for part in chosen:
+        if nodes > part.job_nodes:
+            biggest = max(partitions, key=lambda p: p.job_nodes)
+            raise SweepInputError(
+                "nodes",
+                f"{nodes} node(s) do not fit partition {part.name}, which holds at most "
+                f"{part.job_nodes} node(s) per job (largest partition: {biggest.name}, "
+                f"{biggest.job_nodes}); lower --nodes or choose a partition with --sbatch-arg=-p",
+            )
+
+
 def _check_sweep_dir(sweep_dir: Path) -> None:
     if (sweep_dir / MANIFEST).exists():
         raise SweepInputError(
@@ -87,6 +114,10 @@ def prepare_sweep(
             )
     tmpl = load_template(template)
     max_size = sweep_backend.max_array_size()
+    if backend == "slurm":
+        _check_partition_fits(
+            max(spec.nodes), profile.partition, (*profile.sbatch_args, *spec.sbatch_args)
+        )
     points = expand_points(spec)
     scripts = tuple(
         render_array(tmpl, spec, profile, name, group)

@@ -6,6 +6,7 @@ same parameters as an uninterrupted twin."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -258,7 +259,8 @@ def test_preempted_point_is_requeued_and_matches_an_uninterrupted_twin(slurm_clu
 def test_max_array_size_is_read_from_the_cluster(slurm_cluster):
     from kfac_hpc.sweep.slurm import max_array_size
 
-    assert max_array_size() == 1001  # slurm/cluster.sh sets MaxArraySize=1001
+    conf = Path(os.environ["SLURM_CONF"]).read_text()
+    assert f"MaxArraySize={max_array_size()}\n" in conf
 
 
 def test_cancel_stops_every_array_and_marks_the_points(slurm_cluster, tmp_path):
