@@ -1,0 +1,209 @@
+"""Per-layer compute time: from a machine profile's rates, or measured on this machine.
+
+Both sources answer the same questions (seconds, on one rank): forward and backward of the
+whole model at a local batch, one layer's factor update, one eigendecomposition of size n,
+one layer's preconditioning, and the optimizer's update of all parameters.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from kfac_hpc.optim.layers import KFACLayer, make_layer
+from kfac_hpc.plan.layers import INPUTS, LayerShape, ModelShape
+from kfac_hpc.plan.profiles import MachineProfile
+from kfac_hpc.train.models import build_model
+
+__all__ = ["ComputeCosts", "MeasuredCompute", "RatedCompute", "eigh_flops"]
+
+
+def eigh_flops(n: int) -> float:
+    """A symmetric eigendecomposition with eigenvectors: ≈ 9 n³ FLOPs (Golub & Van Loan)."""
+    return 9.0 * n**3
+
+
+class ComputeCosts(Protocol):
+    def forward_backward_s(self, batch: int) -> tuple[float, float]: ...
+    def factor_s(self, layer: LayerShape, batch: int) -> float: ...
+    def eigh_s(self, n: int) -> float: ...
+    def precondition_s(self, layer: LayerShape) -> float: ...
+    def optimizer_s(self) -> float: ...
+
+
+class RatedCompute:
+    """FLOPs (and bytes) divided by the profile's sustained rates, plus a launch overhead per
+    kernel. Backward = 2 × forward (input and weight gradients)."""
+
+    def __init__(self, machine: MachineProfile, shape: ModelShape) -> None:
+        self.machine, self.shape = machine, shape
+
+    def forward_backward_s(self, batch: int) -> tuple[float, float]:
+        m, layers = self.machine, self.shape.layers
+        forward = batch * self.shape.forward_flops / m.gemm_flops_per_s
+        # elementwise layers (norms, activations) read and write every activation once
+        forward += batch * self.shape.activations_per_sample * 8 / m.memory_bytes_per_s
+        kernels = len(layers) * m.kernel_overhead_s
+        return forward + kernels, 2 * forward + 2 * kernels
+
+    def factor_s(self, layer: LayerShape, batch: int) -> float:
+        return batch * layer.factor_flops / self.machine.gemm_flops_per_s + (
+            2 * self.machine.kernel_overhead_s
+        )
+
+    def eigh_s(self, n: int) -> float:
+        return eigh_flops(n) / self.machine.eigh_flops_per_s + self.machine.kernel_overhead_s
+
+    def precondition_s(self, layer: LayerShape) -> float:
+        # Q_Gᵀ G Q_A, divide by the eigenvalue outer product, Q_G (·) Q_Aᵀ
+        flops = 4.0 * layer.groups * layer.n_a * layer.n_g * (layer.n_a + layer.n_g)
+        return flops / self.machine.gemm_flops_per_s + 5 * self.machine.kernel_overhead_s
+
+    def optimizer_s(self) -> float:
+        # SGD with momentum: read weight, grad, momentum; write weight, momentum (FP32)
+        return 5 * 4 * self.shape.params / self.machine.memory_bytes_per_s
+
+
+def _median_s(fn: Callable[[], object], rounds: int = 3) -> float:
+    fn()  # warm-up (allocator, first-call dispatch)
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+class MeasuredCompute:
+    """Times the real operations of the real model on this machine's CPU with
+    ``threads`` threads per rank (what ``OMP_NUM_THREADS`` gives each rank)."""
+
+    def __init__(self, shape: ModelShape, threads: int = 1, seed: int = 0) -> None:
+        self.shape, self.threads = shape, threads
+        torch.manual_seed(seed)
+        in_shape, classes = INPUTS[shape.dataset]
+        self.net = build_model(shape.model, in_shape, classes)
+        self.in_shape, self.classes = in_shape, classes
+        self.kfac: dict[str, KFACLayer] = {}
+        for name, module in self.net.named_modules():
+            layer = make_layer(name or type(module).__name__, module)
+            if layer is not None:
+                self.kfac[layer.name] = layer
+        self._fb: dict[int, tuple[float, float]] = {}
+        self._factor: dict[tuple[str, int], float] = {}
+        self._eigh: dict[int, float] = {}
+        self._precondition: dict[str, float] = {}
+        self._optimizer: float | None = None
+
+    def _threads(self) -> _Threads:
+        return _Threads(self.threads)
+
+    def forward_backward_s(self, batch: int) -> tuple[float, float]:
+        if batch not in self._fb:
+            with self._threads():
+                self._fb[batch] = self._measure_batch(batch)
+        return self._fb[batch]
+
+    def _measure_batch(self, batch: int) -> tuple[float, float]:
+        x = torch.randn(batch, *self.in_shape)
+        y = torch.randint(0, self.classes, (batch,))
+        loss_fn = nn.CrossEntropyLoss()
+        self.net.train()
+        forward, backward = [], []
+        for _ in range(4):
+            self.net.zero_grad()
+            start = time.perf_counter()
+            loss = loss_fn(self.net(x), y)
+            mid = time.perf_counter()
+            loss.backward()
+            end = time.perf_counter()
+            forward.append(mid - start)
+            backward.append(end - mid)
+        captured = self._capture(x, y, loss_fn)
+        for name, (a, g) in captured.items():
+            layer = self.kfac[name]
+            self._factor[(name, batch)] = _median_s(
+                lambda layer=layer, a=a, g=g: (
+                    layer.a_factor(a, torch.float32),
+                    layer.g_factor(g, 1.0 / batch, torch.float32),
+                )
+            )
+        # the first round pays one-time costs (allocator growth); the median skips it
+        return statistics.median(forward[1:]), statistics.median(backward[1:])
+
+    def _capture(
+        self, x: torch.Tensor, y: torch.Tensor, loss_fn: nn.Module
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Every K-FAC layer's input and output gradient of one training pass."""
+        inputs: dict[str, torch.Tensor] = {}
+        grads: dict[str, torch.Tensor] = {}
+
+        def hook(module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor, key: str) -> None:
+            inputs[key] = args[0].detach()
+            out.register_hook(lambda g: grads.__setitem__(key, g.detach()))
+
+        handles = [
+            layer.module.register_forward_hook(
+                lambda m, a, o, k=name: hook(m, a, o, k)  # type: ignore[misc]
+            )
+            for name, layer in self.kfac.items()
+        ]
+        self.net.zero_grad()
+        loss_fn(self.net(x), y).backward()
+        for handle in handles:
+            handle.remove()
+        return {k: (inputs[k], grads[k]) for k in inputs}
+
+    def factor_s(self, layer: LayerShape, batch: int) -> float:
+        self.forward_backward_s(batch)
+        return self._factor[(layer.name, batch)]
+
+    def eigh_s(self, n: int) -> float:
+        if n not in self._eigh:
+            with self._threads():
+                m = torch.randn(n, n)
+                spd = m @ m.T + n * torch.eye(n)
+                self._eigh[n] = _median_s(lambda: torch.linalg.eigh(spd))
+        return self._eigh[n]
+
+    def precondition_s(self, layer: LayerShape) -> float:
+        if layer.name not in self._precondition:
+            with self._threads():
+                qa, qg = torch.randn(layer.n_a, layer.n_a), torch.randn(layer.n_g, layer.n_g)
+                grad = torch.randn(layer.n_g, layer.n_a)
+                outer = torch.rand(layer.n_g, layer.n_a) + 1
+
+                def apply() -> torch.Tensor:
+                    return qg @ ((qg.T @ grad @ qa) / outer) @ qa.T
+
+                self._precondition[layer.name] = _median_s(apply)
+        return self._precondition[layer.name]
+
+    def optimizer_s(self) -> float:
+        if self._optimizer is None:
+            with self._threads():
+                for p in self.net.parameters():
+                    p.grad = torch.randn_like(p)
+                opt = torch.optim.SGD(self.net.parameters(), lr=1e-3, momentum=0.9)
+                self._optimizer = _median_s(opt.step)
+        return self._optimizer
+
+
+class _Threads:
+    """Run a block with ``n`` intra-op threads, restoring the previous count after."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.before = n, torch.get_num_threads()
+
+    def __enter__(self) -> None:
+        self.before = torch.get_num_threads()
+        torch.set_num_threads(max(1, min(self.n, os.cpu_count() or 1)))
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_num_threads(self.before)

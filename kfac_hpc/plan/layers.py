@@ -1,0 +1,122 @@
+"""What a model is made of, as the cost model needs it: one entry per K-FAC layer.
+
+Found by running one sample through the real model (``kfac_hpc.train.models``) with hooks on
+the modules K-FAC preconditions, so the shapes are those the job trains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kfac_hpc.optim.layers import KFACLayer, make_layer
+from kfac_hpc.plan.errors import PlanInputError
+from kfac_hpc.train.config import DATASETS, MODELS
+from kfac_hpc.train.models import build_model
+
+__all__ = ["INPUTS", "LayerShape", "ModelShape", "model_shape"]
+
+# dataset -> (input shape C, H, W; classes); cifar10/imagefolder are the shapes of the real sets
+INPUTS: dict[str, tuple[tuple[int, int, int], int]] = {
+    "digits": ((1, 8, 8), 10),
+    "synthetic_cifar": ((3, 32, 32), 10),
+    "cifar10": ((3, 32, 32), 10),
+    "synthetic_imagenet": ((3, 224, 224), 1000),
+    "imagefolder": ((3, 224, 224), 1000),
+}
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """One K-FAC layer. ``n_a``/``n_g``: factor sizes (bias folded into A); ``rows``: rows of
+    the factor matrices per sample (output positions of a conv, 1 for a linear layer)."""
+
+    name: str
+    n_a: int
+    n_g: int
+    rows: int
+    groups: int = 1
+    has_bias: bool = True
+
+    @property
+    def forward_flops(self) -> float:
+        """Multiply-adds ×2 of the weight product per sample (bias excluded)."""
+        n_in = self.n_a - 1 if self.has_bias else self.n_a
+        return 2.0 * self.rows * n_in * self.n_g * self.groups
+
+    @property
+    def factor_flops(self) -> float:
+        """Σ a aᵀ and Σ g gᵀ per sample (full products, as computed)."""
+        return 2.0 * self.rows * (self.n_a**2 + self.n_g**2) * self.groups
+
+    @property
+    def factor_elements(self) -> int:
+        return (self.n_a**2 + self.n_g**2) * self.groups
+
+    @property
+    def grad_elements(self) -> int:
+        return self.n_a * self.n_g * self.groups
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The K-FAC layers plus model-wide sizes (elements, per sample where stated)."""
+
+    model: str
+    dataset: str
+    layers: tuple[LayerShape, ...]
+    params: int
+    activations_per_sample: int
+
+    @property
+    def forward_flops(self) -> float:
+        return sum(layer.forward_flops for layer in self.layers)
+
+
+def model_shape(model: str, dataset: str) -> ModelShape:
+    """The layer inventory of ``model`` on ``dataset``'s input shape."""
+    if model not in MODELS:
+        raise PlanInputError("model", f"{model!r} is not one of {', '.join(MODELS)}")
+    if dataset not in DATASETS:
+        raise PlanInputError("dataset", f"{dataset!r} is not one of {', '.join(DATASETS)}")
+    shape, classes = INPUTS[dataset]
+    net = build_model(model, shape, classes)
+    layers, rows, activations = _probe(net, shape)
+    shapes = tuple(
+        LayerShape(k.name, k.n_a, k.n_g, rows[k.name], k.groups, k.bias is not None)
+        for k in layers
+    )
+    params = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    return ModelShape(model, dataset, shapes, params, activations)
+
+
+def _probe(net: nn.Module, shape: tuple[int, int, int]) -> tuple[list[KFACLayer], dict[str, int], int]:
+    """One sample through ``net``: K-FAC layers, their output positions, activation elements."""
+    layers: list[KFACLayer] = []
+    rows: dict[str, int] = {}
+    activations = 0
+    handles = []
+
+    def leaf_hook(module: nn.Module, inputs: object, out: torch.Tensor) -> None:
+        nonlocal activations
+        activations += out.numel()
+
+    for name, module in net.named_modules():
+        layer = make_layer(name or type(module).__name__, module)
+        if layer is not None:
+            layers.append(layer)
+
+            def hook(mod: nn.Module, inputs: object, out: torch.Tensor, key: str = layer.name) -> None:
+                rows[key] = out[0, 0].numel() if out.dim() > 2 else 1
+
+            handles.append(module.register_forward_hook(hook))
+        if not list(module.children()):
+            handles.append(module.register_forward_hook(leaf_hook))
+    net.eval()
+    with torch.no_grad():
+        net(torch.zeros(1, *shape))
+    for handle in handles:
+        handle.remove()
+    return layers, rows, activations
