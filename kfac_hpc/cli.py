@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "train": "kfac_hpc.train.cli:train",
     "collect": "kfac_hpc.analysis.cli:collect_command",
     "report": "kfac_hpc.analysis.cli:report_command",
+    "plan": "kfac_hpc.plan.cli:plan",
 }
 
 

@@ -90,7 +90,9 @@ def measure_collectives(
     return rows
 
 
-def local_network(ranks: Sequence[int] = (2, 4)) -> tuple[NetworkProfile, list[tuple[str, int, float, float]]]:
+def local_network(
+    ranks: Sequence[int] = (2, 4),
+) -> tuple[NetworkProfile, list[tuple[str, int, float, float]]]:
     """This host as a network profile: one α-β fitted to gloo collectives at ``ranks``."""
     samples = [row for p in ranks for row in measure_collectives(p)]
     link: AlphaBeta = fit_alpha_beta(samples)

@@ -11,6 +11,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -128,12 +129,7 @@ class MeasuredCompute:
         captured = self._capture(x, y, loss_fn)
         for name, (a, g) in captured.items():
             layer = self.kfac[name]
-            self._factor[(name, batch)] = _median_s(
-                lambda layer=layer, a=a, g=g: (
-                    layer.a_factor(a, torch.float32),
-                    layer.g_factor(g, 1.0 / batch, torch.float32),
-                )
-            )
+            self._factor[(name, batch)] = _median_s(partial(_factors, layer, a, g))
         # the first round pays one-time costs (allocator growth); the median skips it
         return statistics.median(forward[1:]), statistics.median(backward[1:])
 
@@ -144,14 +140,14 @@ class MeasuredCompute:
         inputs: dict[str, torch.Tensor] = {}
         grads: dict[str, torch.Tensor] = {}
 
-        def hook(module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor, key: str) -> None:
+        def hook(
+            module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor, key: str
+        ) -> None:
             inputs[key] = args[0].detach()
             out.register_hook(lambda g: grads.__setitem__(key, g.detach()))
 
         handles = [
-            layer.module.register_forward_hook(
-                lambda m, a, o, k=name: hook(m, a, o, k)  # type: ignore[misc]
-            )
+            layer.module.register_forward_hook(lambda m, a, o, k=name: hook(m, a, o, k))
             for name, layer in self.kfac.items()
         ]
         self.net.zero_grad()
@@ -193,6 +189,11 @@ class MeasuredCompute:
                 opt = torch.optim.SGD(self.net.parameters(), lr=1e-3, momentum=0.9)
                 self._optimizer = _median_s(opt.step)
         return self._optimizer
+
+
+def _factors(layer: KFACLayer, a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """One factor update of ``layer`` from its captured input and output gradient."""
+    return layer.a_factor(a, torch.float32), layer.g_factor(g, 1.0, torch.float32)
 
 
 class _Threads:

@@ -85,14 +85,15 @@ def model_shape(model: str, dataset: str) -> ModelShape:
     net = build_model(model, shape, classes)
     layers, rows, activations = _probe(net, shape)
     shapes = tuple(
-        LayerShape(k.name, k.n_a, k.n_g, rows[k.name], k.groups, k.bias is not None)
-        for k in layers
+        LayerShape(k.name, k.n_a, k.n_g, rows[k.name], k.groups, k.bias is not None) for k in layers
     )
     params = sum(p.numel() for p in net.parameters() if p.requires_grad)
     return ModelShape(model, dataset, shapes, params, activations)
 
 
-def _probe(net: nn.Module, shape: tuple[int, int, int]) -> tuple[list[KFACLayer], dict[str, int], int]:
+def _probe(
+    net: nn.Module, shape: tuple[int, int, int]
+) -> tuple[list[KFACLayer], dict[str, int], int]:
     """One sample through ``net``: K-FAC layers, their output positions, activation elements."""
     layers: list[KFACLayer] = []
     rows: dict[str, int] = {}
@@ -108,7 +109,9 @@ def _probe(net: nn.Module, shape: tuple[int, int, int]) -> tuple[list[KFACLayer]
         if layer is not None:
             layers.append(layer)
 
-            def hook(mod: nn.Module, inputs: object, out: torch.Tensor, key: str = layer.name) -> None:
+            def hook(
+                mod: nn.Module, inputs: object, out: torch.Tensor, key: str = layer.name
+            ) -> None:
                 rows[key] = out[0, 0].numel() if out.dim() > 2 else 1
 
             handles.append(module.register_forward_hook(hook))

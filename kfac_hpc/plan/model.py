@@ -28,11 +28,13 @@ _FLOAT_BYTES = 4
 @dataclass(frozen=True)
 class PlanConfig:
     """One configuration: ``method`` of METHODS at ``ranks`` ranks; ``batch_size`` is the
-    global batch (strong scaling) split evenly over the ranks."""
+    global batch split over the ranks (``strong``) or the batch of each rank (``weak``), as in
+    ``kfac-hpc train``."""
 
     method: str
     ranks: int
     batch_size: int
+    scaling: str = "strong"
     factor_update_steps: int = 10
     inv_update_steps: int = 100
     bucket_mb: float = 25.0
@@ -47,7 +49,7 @@ class PlanConfig:
 
     @property
     def local_batch(self) -> int:
-        return max(1, self.batch_size // self.ranks)
+        return self.batch_size if self.scaling == "weak" else max(1, self.batch_size // self.ranks)
 
 
 @dataclass(frozen=True)
@@ -117,11 +119,13 @@ class CostModel:
             self.network, grad_bytes, cfg.ranks, cfg.bucket_mb
         )
         phases["optimizer"] = self.compute.optimizer_s() * slow
-        memory = (3 * self.shape.params + cfg.local_batch * self.shape.activations_per_sample) * 4
+        memory: float = (
+            3 * self.shape.params + cfg.local_batch * self.shape.activations_per_sample
+        ) * 4
         memory += min(grad_bytes, cfg.bucket_mb * 2**20)
         if cfg.kfac:
             memory += self._kfac(cfg, phases, slow)
-        return Prediction(cfg, phases, float(memory))
+        return Prediction(cfg, phases, memory)
 
     def _kfac(self, cfg: PlanConfig, phases: dict[str, float], slow: float) -> float:
         """Fill the K-FAC phases; return the K-FAC bytes per rank."""
@@ -130,10 +134,12 @@ class CostModel:
         workers = round(parse_grad_worker_fraction(cfg.strategy, p) * p)
         f, i = cfg.factor_update_steps, cfg.inv_update_steps
         factor_bytes = sum(layer.factor_elements for layer in layers) * _FLOAT_BYTES
-        phases["factor_compute"] = slow * sum(
-            self.compute.factor_s(layer, cfg.local_batch) for layer in layers
-        ) / f
-        phases["factor_comm"] = bucketed_allreduce_s(self.network, factor_bytes, p, cfg.bucket_mb) / f
+        phases["factor_compute"] = (
+            slow * sum(self.compute.factor_s(layer, cfg.local_batch) for layer in layers) / f
+        )
+        phases["factor_comm"] = (
+            bucketed_allreduce_s(self.network, factor_bytes, p, cfg.bucket_mb) / f
+        )
         eigh = [
             (self.compute.eigh_s(layer.n_a) + self.compute.eigh_s(layer.n_g)) * layer.groups
             for layer in layers
@@ -144,14 +150,18 @@ class CostModel:
             for layer in layers
         ]
         if workers > 1:
-            phases["inverse_comm"] = (workers / p) * sum(
-                collective_s(self.network, "broadcast", b, workers) for b in second_order
-            ) / i
+            phases["inverse_comm"] = (
+                (workers / p)
+                * sum(collective_s(self.network, "broadcast", b, workers) for b in second_order)
+                / i
+            )
         precondition = [self.compute.precondition_s(layer) for layer in layers]
         phases["precondition"] = slow * _max_load(precondition, p // workers)
         if workers < p:
             phases["grad_broadcast"] = sum(
-                collective_s(self.network, "broadcast", layer.grad_elements * _FLOAT_BYTES, p // workers)
+                collective_s(
+                    self.network, "broadcast", layer.grad_elements * _FLOAT_BYTES, p // workers
+                )
                 for layer in layers
             )
         return factor_bytes + (workers / p) * sum(second_order)

@@ -101,7 +101,9 @@ def _network(name: str, table: dict[str, Any]) -> NetworkProfile:
         raise PlanInputError("network.ranks_per_node", f"{ranks!r} must be an integer >= 1")
     for sub in ("intra", "inter"):
         if not isinstance(table.get(sub), dict):
-            raise PlanInputError(f"network.{sub}", "missing table (latency_s, bandwidth_bytes_per_s)")
+            raise PlanInputError(
+                f"network.{sub}", "missing table (latency_s, bandwidth_bytes_per_s)"
+            )
     return NetworkProfile(
         name, ranks, _link(table["intra"], "network.intra"), _link(table["inter"], "network.inter")
     )

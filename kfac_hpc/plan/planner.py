@@ -1,0 +1,81 @@
+"""The library entry of ``kfac-hpc plan``: build a cost model, predict every configuration."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kfac_hpc.plan.compute import MeasuredCompute, RatedCompute
+from kfac_hpc.plan.errors import PlanInputError
+from kfac_hpc.plan.layers import model_shape
+from kfac_hpc.plan.model import METHODS, CostModel, PlanConfig, Prediction
+from kfac_hpc.plan.profiles import load_profile
+
+__all__ = ["Planned", "build_cost_model", "predict_all"]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A cost model and where its numbers come from (for the printed header)."""
+
+    model: CostModel
+    source: str
+    memory_limit: float | None
+
+
+def build_cost_model(
+    model: str, dataset: str, profile: str | None, calibration_ranks: Sequence[int] = (2, 4)
+) -> Planned:
+    """From a profile (shipped name or TOML path), or measured on this machine when None."""
+    shape = model_shape(model, dataset)
+    if profile is not None:
+        machine, network = load_profile(profile)
+        return Planned(
+            CostModel(shape, RatedCompute(machine, shape), network),
+            f"profile {profile}: {machine.name}, {network.ranks_per_node} ranks/node",
+            machine.memory_bytes or None,
+        )
+    from kfac_hpc.plan.calibrate import local_network
+
+    network, _ = local_network(calibration_ranks)
+    cores = os.cpu_count() or 1
+    link = network.intra
+    return Planned(
+        CostModel(shape, MeasuredCompute(shape), network, cores_per_node=cores),
+        f"this machine ({cores} cores, compute measured, gloo alpha "
+        f"{link.alpha_s * 1e6:.0f} us, {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s)",
+        None,
+    )
+
+
+def predict_all(
+    planned: Planned,
+    methods: Sequence[str],
+    ranks: Sequence[int],
+    batch_size: int,
+    scaling: str,
+    factor_update_steps: int,
+    inv_update_steps: int,
+    bucket_mb: float,
+) -> list[Prediction]:
+    """Every (ranks, method) pair; hybrid-opt is skipped at odd rank counts > 1 (undefined)."""
+    for method in methods:
+        if method not in METHODS:
+            raise PlanInputError("methods", f"{method!r} is not one of {', '.join(METHODS)}")
+    out = []
+    for p in ranks:
+        if scaling == "strong" and batch_size % p:
+            raise PlanInputError(
+                "batch_size",
+                f"{batch_size} is not divisible by {p} ranks (strong scaling splits it evenly); "
+                "use a multiple of the largest rank count or --scaling weak",
+            )
+        for method in methods:
+            if method == "kfac-hybrid-opt" and p > 1 and p % 2:
+                continue
+            cfg = PlanConfig(
+                method, p, batch_size, scaling, factor_update_steps, inv_update_steps, bucket_mb
+            )
+            out.append(planned.model.predict(cfg))
+    return out
