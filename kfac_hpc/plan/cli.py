@@ -69,6 +69,9 @@ def _plan(**o: Any) -> None:
 
     ranks = _int_list("ranks", o["ranks"])
     methods = [m.strip() for m in o["methods"].split(",") if m.strip()]
+    for method in methods:  # checked here too: before a calibration spends seconds
+        if method not in METHODS:
+            raise PlanInputError("methods", f"{method!r} is not one of {', '.join(METHODS)}")
     for name in (
         "batch_size",
         "factor_update_steps",
