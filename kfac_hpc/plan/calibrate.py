@@ -11,6 +11,8 @@ import socket
 import statistics
 import time
 from collections.abc import Sequence
+from queue import Empty
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -79,15 +81,36 @@ def measure_collectives(
         ]
         for proc in procs:
             proc.start()
-        rows: list[tuple[str, int, float, float]] = queue.get(timeout=300)
-        for proc in procs:
-            proc.join(timeout=60)
+        rows = _collect(queue, procs)
     finally:
         if saved is None:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = saved
     return rows
+
+
+def _collect(
+    queue: Any, procs: list[Any], timeout_s: float = 300
+) -> list[tuple[str, int, float, float]]:
+    """Rank 0's rows; fails as soon as a rank dies instead of waiting out the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            rows: list[tuple[str, int, float, float]] = queue.get(timeout=0.5)
+        except Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                for proc in procs:
+                    proc.kill()
+                raise RuntimeError(f"a calibration rank exited with code {dead[0]}") from None
+            continue
+        for proc in procs:
+            proc.join(timeout=60)
+        return rows
+    for proc in procs:
+        proc.kill()
+    raise RuntimeError(f"the calibration ranks did not report within {timeout_s:.0f} s")
 
 
 def local_network(

@@ -7,6 +7,7 @@ one layer's preconditioning, and the optimizer's update of all parameters.
 
 from __future__ import annotations
 
+import copy
 import os
 import statistics
 import time
@@ -31,9 +32,13 @@ def eigh_flops(n: int) -> float:
 
 
 class ComputeCosts(Protocol):
-    def forward_backward_s(self, batch: int) -> tuple[float, float]: ...
+    """``kfac``: with the K-FAC preconditioner's hooks on the model (they capture and, on
+    factor steps, reduce the layer inputs and output gradients)."""
+
+    def forward_backward_s(self, batch: int, kfac: bool = False) -> tuple[float, float]: ...
     def factor_s(self, layer: LayerShape, batch: int) -> float: ...
     def eigh_s(self, n: int) -> float: ...
+    def layer_eigh_s(self, layer: LayerShape) -> float: ...
     def precondition_s(self, layer: LayerShape) -> float: ...
     def optimizer_s(self) -> float: ...
 
@@ -45,7 +50,7 @@ class RatedCompute:
     def __init__(self, machine: MachineProfile, shape: ModelShape) -> None:
         self.machine, self.shape = machine, shape
 
-    def forward_backward_s(self, batch: int) -> tuple[float, float]:
+    def forward_backward_s(self, batch: int, kfac: bool = False) -> tuple[float, float]:
         m, layers = self.machine, self.shape.layers
         forward = batch * self.shape.forward_flops / m.gemm_flops_per_s
         # elementwise layers (norms, activations) read and write every activation once
@@ -61,6 +66,9 @@ class RatedCompute:
     def eigh_s(self, n: int) -> float:
         return eigh_flops(n) / self.machine.eigh_flops_per_s + self.machine.kernel_overhead_s
 
+    def layer_eigh_s(self, layer: LayerShape) -> float:
+        return (self.eigh_s(layer.n_a) + self.eigh_s(layer.n_g)) * layer.groups
+
     def precondition_s(self, layer: LayerShape) -> float:
         # Q_Gᵀ G Q_A, divide by the eigenvalue outer product, Q_G (·) Q_Aᵀ
         flops = 4.0 * layer.groups * layer.n_a * layer.n_g * (layer.n_a + layer.n_g)
@@ -71,7 +79,10 @@ class RatedCompute:
         return 5 * 4 * self.shape.params / self.machine.memory_bytes_per_s
 
 
-def _median_s(fn: Callable[[], object], rounds: int = 3) -> float:
+_FB_ROUNDS = 9
+
+
+def _median_s(fn: Callable[[], object], rounds: int = 5) -> float:
     fn()  # warm-up (allocator, first-call dispatch)
     times = []
     for _ in range(rounds):
@@ -83,10 +94,17 @@ def _median_s(fn: Callable[[], object], rounds: int = 3) -> float:
 
 class MeasuredCompute:
     """Times the real operations of the real model on this machine's CPU with
-    ``threads`` threads per rank (what ``OMP_NUM_THREADS`` gives each rank)."""
+    ``threads`` threads per rank (what ``OMP_NUM_THREADS`` gives each rank).
+
+    Per-layer operations are timed one by one (factor update from captured tensors, eigh,
+    preconditioning), then scaled so that their sums equal the phase totals the real
+    ``KFACPreconditioner`` reports over a few steps of the real model: the split over layers
+    comes from the micro-timings, the level from the real code (its bookkeeping included).
+    """
 
     def __init__(self, shape: ModelShape, threads: int = 1, seed: int = 0) -> None:
         self.shape, self.threads = shape, threads
+        self._shapes = shape.layers
         torch.manual_seed(seed)
         in_shape, classes = INPUTS[shape.dataset]
         self.net = build_model(shape.model, in_shape, classes)
@@ -96,7 +114,8 @@ class MeasuredCompute:
             layer = make_layer(name or type(module).__name__, module)
             if layer is not None:
                 self.kfac[layer.name] = layer
-        self._fb: dict[int, tuple[float, float]] = {}
+        self._fb: dict[tuple[int, bool], tuple[float, float]] = {}
+        self._kfac_totals: dict[int, dict[str, float]] = {}
         self._factor: dict[tuple[str, int], float] = {}
         self._eigh: dict[int, float] = {}
         self._precondition: dict[str, float] = {}
@@ -105,11 +124,49 @@ class MeasuredCompute:
     def _threads(self) -> _Threads:
         return _Threads(self.threads)
 
-    def forward_backward_s(self, batch: int) -> tuple[float, float]:
-        if batch not in self._fb:
+    def forward_backward_s(self, batch: int, kfac: bool = False) -> tuple[float, float]:
+        if (batch, kfac) not in self._fb:
             with self._threads():
-                self._fb[batch] = self._measure_batch(batch)
-        return self._fb[batch]
+                if kfac:
+                    self._fb[(batch, True)] = self._measure_kfac(batch)
+                else:
+                    self._fb[(batch, False)] = self._measure_batch(batch)
+        return self._fb[(batch, kfac)]
+
+    def _measure_kfac(self, batch: int) -> tuple[float, float]:
+        """Steps of the real model with the real preconditioner (factor and inverse updates
+        every step): forward/backward with its hooks, and its own phase timings."""
+        from kfac_hpc.optim.preconditioner import KFACPreconditioner
+
+        net = copy.deepcopy(self.net)
+        pre = KFACPreconditioner(net, factor_update_steps=1, inv_update_steps=1)
+        x = torch.randn(batch, *self.in_shape)
+        y = torch.randint(0, self.classes, (batch,))
+        loss_fn = nn.CrossEntropyLoss()
+        forward, backward, phases = [], [], []
+        for _ in range(_FB_ROUNDS):
+            net.zero_grad()
+            start = time.perf_counter()
+            loss = loss_fn(net(x), y)
+            mid = time.perf_counter()
+            loss.backward()
+            end = time.perf_counter()
+            pre.step()
+            forward.append(mid - start)
+            backward.append(end - mid)
+            phases.append(dict(pre.last_timings))
+        pre.remove_hooks()
+        self._kfac_totals[batch] = {
+            k: statistics.median(p[k] for p in phases[2:])
+            for k in ("factor_compute", "inverse_compute", "precondition")
+        }
+        return statistics.median(forward[2:]), statistics.median(backward[2:])
+
+    def _scale(self, batch: int, phase: str, micro: list[float]) -> float:
+        """Real phase total / sum of the micro-timings (1 before K-FAC was measured)."""
+        self.forward_backward_s(batch, kfac=True)
+        total = sum(micro)
+        return self._kfac_totals[batch][phase] / total if total > 0 else 1.0
 
     def _measure_batch(self, batch: int) -> tuple[float, float]:
         x = torch.randn(batch, *self.in_shape)
@@ -117,7 +174,7 @@ class MeasuredCompute:
         loss_fn = nn.CrossEntropyLoss()
         self.net.train()
         forward, backward = [], []
-        for _ in range(4):
+        for _ in range(_FB_ROUNDS):
             self.net.zero_grad()
             start = time.perf_counter()
             loss = loss_fn(self.net(x), y)
@@ -130,8 +187,8 @@ class MeasuredCompute:
         for name, (a, g) in captured.items():
             layer = self.kfac[name]
             self._factor[(name, batch)] = _median_s(partial(_factors, layer, a, g))
-        # the first round pays one-time costs (allocator growth); the median skips it
-        return statistics.median(forward[1:]), statistics.median(backward[1:])
+        # the first rounds pay one-time costs (allocator growth, dispatch caches): skipped
+        return statistics.median(forward[2:]), statistics.median(backward[2:])
 
     def _capture(
         self, x: torch.Tensor, y: torch.Tensor, loss_fn: nn.Module
@@ -158,7 +215,18 @@ class MeasuredCompute:
 
     def factor_s(self, layer: LayerShape, batch: int) -> float:
         self.forward_backward_s(batch)
-        return self._factor[(layer.name, batch)]
+        micro = [self._factor[(name, batch)] for name in self.kfac]
+        return self._factor[(layer.name, batch)] * self._scale(batch, "factor_compute", micro)
+
+    def _reference_batch(self) -> int:
+        """A batch at which the real preconditioner was measured (for batch-free phases)."""
+        return min(self._kfac_totals) if self._kfac_totals else 1
+
+    def layer_eigh_s(self, layer: LayerShape) -> float:
+        shapes = [(k.n_a, k.n_g, k.groups) for k in self.kfac.values()]
+        micro = [(self.eigh_s(a) + self.eigh_s(g)) * n for a, g, n in shapes]
+        own = (self.eigh_s(layer.n_a) + self.eigh_s(layer.n_g)) * layer.groups
+        return own * self._scale(self._reference_batch(), "inverse_compute", micro)
 
     def eigh_s(self, n: int) -> float:
         if n not in self._eigh:
@@ -168,7 +236,7 @@ class MeasuredCompute:
                 self._eigh[n] = _median_s(lambda: torch.linalg.eigh(spd))
         return self._eigh[n]
 
-    def precondition_s(self, layer: LayerShape) -> float:
+    def _precondition_micro(self, layer: LayerShape) -> float:
         if layer.name not in self._precondition:
             with self._threads():
                 qa, qg = torch.randn(layer.n_a, layer.n_a), torch.randn(layer.n_g, layer.n_g)
@@ -180,6 +248,11 @@ class MeasuredCompute:
 
                 self._precondition[layer.name] = _median_s(apply)
         return self._precondition[layer.name]
+
+    def precondition_s(self, layer: LayerShape) -> float:
+        micro = [self._precondition_micro(k) for k in self._shapes]
+        scale = self._scale(self._reference_batch(), "precondition", micro)
+        return self._precondition_micro(layer) * scale
 
     def optimizer_s(self) -> float:
         if self._optimizer is None:

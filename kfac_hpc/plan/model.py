@@ -113,11 +113,17 @@ class CostModel:
         phases = dict.fromkeys(PHASES, 0.0)
         slow = self._contention(cfg.ranks)
         forward, backward = self.compute.forward_backward_s(cfg.local_batch)
+        if cfg.kfac:
+            # the hooks' work (capturing, factor reduction in the hooks) on factor steps only
+            hooked = self.compute.forward_backward_s(cfg.local_batch, kfac=True)
+            forward += max(0.0, hooked[0] - forward) / cfg.factor_update_steps
+            backward += max(0.0, hooked[1] - backward) / cfg.factor_update_steps
         phases["forward"], phases["backward"] = forward * slow, backward * slow
         grad_bytes = self.shape.params * _FLOAT_BYTES
+        # + the job's two small allreduces per step (health flags, preemption agreement)
         phases["grad_allreduce"] = bucketed_allreduce_s(
             self.network, grad_bytes, cfg.ranks, cfg.bucket_mb
-        )
+        ) + 2 * collective_s(self.network, "allreduce", 8, cfg.ranks)
         phases["optimizer"] = self.compute.optimizer_s() * slow
         memory: float = (
             3 * self.shape.params + cfg.local_batch * self.shape.activations_per_sample
@@ -140,10 +146,7 @@ class CostModel:
         phases["factor_comm"] = (
             bucketed_allreduce_s(self.network, factor_bytes, p, cfg.bucket_mb) / f
         )
-        eigh = [
-            (self.compute.eigh_s(layer.n_a) + self.compute.eigh_s(layer.n_g)) * layer.groups
-            for layer in layers
-        ]
+        eigh = [self.compute.layer_eigh_s(layer) for layer in layers]
         phases["inverse_compute"] = slow * _max_load(eigh, p) / i
         second_order = [
             (layer.n_a**2 + layer.n_g**2 + layer.n_a * layer.n_g) * layer.groups * _FLOAT_BYTES

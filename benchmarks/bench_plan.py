@@ -1,0 +1,136 @@
+"""`kfac-hpc plan`'s predicted step time against measured steps at 1, 2 and 4 ranks.
+
+For each model, method (SGD; SGD+K-FAC under comm-opt, hybrid-opt, mem-opt) and rank count:
+the plan's prediction (compute measured on this machine, collectives fitted to gloo ranks
+here) next to a real `kfac-hpc train` under the venv's mpiexec. Measured step time is the
+median over the run's logging windows after the first (each window = LOG_EVERY consecutive
+real steps, one K-FAC inverse update in each), with min and max. Target: every prediction
+within 20 %. Then the published-hardware profile's predictions for 16 … 1,024 GPUs as a plot.
+
+    .venv/bin/python benchmarks/bench_plan.py [--models small_cnn,resnet32] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from kfac_hpc.plan.output import plot_scaling
+from kfac_hpc.plan.planner import build_cost_model, predict_all
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+TARGET = 0.20
+LOG_EVERY = 10
+STEPS = 50
+INV = 10
+METHODS = ("sgd", "kfac-comm-opt", "kfac-hybrid-opt", "kfac-mem-opt")
+# model -> (dataset, global batch); strong scaling, so 4 ranks see batch/4 each
+CASES = {"small_cnn": ("digits", 128), "resnet32": ("synthetic_cifar", 32)}
+TRAIN_FLAGS = {
+    "sgd": ["--no-kfac"],
+    "kfac-comm-opt": ["--kfac", "--grad-worker-fraction", "comm-opt"],
+    "kfac-hybrid-opt": ["--kfac", "--grad-worker-fraction", "hybrid-opt"],
+    "kfac-mem-opt": ["--kfac", "--grad-worker-fraction", "mem-opt"],
+}
+
+
+def measure(model: str, dataset: str, batch: int, method: str, ranks: int, root: Path) -> list[float]:
+    """Per-window mean step seconds of one real run (first window dropped)."""
+    run_dir = root / f"{model}-{method}-{ranks}"
+    argv = [str(VENV_BIN / "kfac-hpc"), "train", "--run-dir", str(run_dir), "--model", model]
+    argv += ["--dataset", dataset, "--batch-size", str(batch), "--steps", str(STEPS)]
+    argv += ["--log-every", str(LOG_EVERY), "--factor-update-steps", "1"]
+    argv += ["--inv-update-steps", str(INV), "--no-progress", "--checkpoint-every", "100000"]
+    argv += ["--num-samples", "2048", *TRAIN_FLAGS[method]]
+    if dataset == "digits":
+        argv.remove("--num-samples")
+        argv.remove("2048")
+    cmd = [str(VENV_BIN / "mpiexec"), "-n", str(ranks), *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["world_size"] == ranks, run["world_size"]
+    windows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [w["step_s"] for w in windows if w.get("kind") == "train"]
+    return steps[1:]
+
+
+def local_rows(models: list[str], root: Path) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for model in models:
+        dataset, batch = CASES[model]
+        planned = build_cost_model(model, dataset, None, (2, 4))
+        preds = predict_all(planned, METHODS, [1, 2, 4], batch, "strong", 1, INV, 25.0)
+        for pred in preds:
+            cfg = pred.config
+            steps = measure(model, dataset, batch, cfg.method, cfg.ranks, root)
+            measured = statistics.median(steps)
+            rows.append(
+                {
+                    "model": model,
+                    "method": cfg.method,
+                    "ranks": cfg.ranks,
+                    "predicted_ms": pred.step_s * 1e3,
+                    "measured_ms": measured * 1e3,
+                    "measured_min_ms": min(steps) * 1e3,
+                    "measured_max_ms": max(steps) * 1e3,
+                    "windows": len(steps),
+                    "ratio": pred.step_s / measured,
+                    "predicted_phases_ms": {k: v * 1e3 for k, v in pred.phases_s.items() if v},
+                }
+            )
+            print(_line(rows[-1]), flush=True)
+    return rows
+
+
+def _line(row: dict[str, object]) -> str:
+    ok = "ok" if abs(float(row["ratio"]) - 1) <= TARGET else "MISS"  # type: ignore[arg-type]
+    return (
+        f"{row['model']:<10} {row['method']:<16} P={row['ranks']}  predicted "
+        f"{row['predicted_ms']:8.2f} ms  measured {row['measured_ms']:8.2f} ms "
+        f"[{row['measured_min_ms']:.2f}, {row['measured_max_ms']:.2f}] over {row['windows']} "
+        f"windows  ratio {row['ratio']:.2f}  {ok}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="small_cnn,resnet32")
+    parser.add_argument("--out", default=str(REPO / "docs" / "img"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = local_rows(args.models.split(","), Path(tmp))
+    misses = [r for r in rows if abs(float(r["ratio"]) - 1) > TARGET]  # type: ignore[arg-type]
+    print(f"\nwithin {TARGET:.0%}: {len(rows) - len(misses)}/{len(rows)}")
+    for row in misses:
+        print("MISS", _line(row))
+
+    planned = build_cost_model("resnet32", "cifar10", "a100-hdr200")
+    ranks = [16, 32, 64, 128, 256, 512, 1024]
+    preds = predict_all(planned, METHODS, ranks, 128, "weak", 10, 100, 25.0)
+    path = plot_scaling(
+        preds,
+        out / "plan-a100-resnet32.png",
+        "ResNet-32, CIFAR-10, 128/GPU (weak); predicted, profile a100-hdr200 (A100 + 200 Gb/s)",
+    )
+    print(f"\nplot of the A100 predictions: {path}")
+    for pred in preds:
+        if pred.config.ranks in (16, 128, 1024):
+            print(f"  P={pred.config.ranks:<5} {pred.config.method:<16} {pred.step_s * 1e3:7.2f} ms")
+    (out / "bench_plan.json").write_text(json.dumps(rows, indent=1) + "\n") if os.environ.get(
+        "KFAC_BENCH_JSON"
+    ) else None
+
+
+if __name__ == "__main__":
+    main()
