@@ -152,6 +152,7 @@ class CheckpointManager:
         self.keep = keep
         self.rank = rank
         self.world_size = world_size
+        self._gloo_group: Any = None
         self.compression = compression
         self.locking = locking
         if rank == 0:
@@ -167,10 +168,15 @@ class CheckpointManager:
     def _distributed(self) -> bool:
         return self.world_size > 1 and dist.is_available() and dist.is_initialized()
 
-    def _comm_device(self) -> torch.device:
-        if dist.get_backend() == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
+    def _side_group(self) -> Any:
+        """The group of the gather: the default one on gloo; under NCCL a gloo group over the
+        same ranks (created once, collectively, at the first save or load), so rank 0 receives over
+        CPU sockets instead of NCCL creating a communicator for every (rank, 0) pair."""
+        if dist.get_backend() != "nccl":
+            return None
+        if self._gloo_group is None:
+            self._gloo_group = dist.new_group(backend="gloo")
+        return self._gloo_group
 
     def save(self, state: TrainingState) -> Path:
         """Write ``state`` as ``ckpt-<step>.h5``; collective when the world size is > 1.
@@ -182,17 +188,17 @@ class CheckpointManager:
         if not self._distributed:
             self._write(path, state, {0: state.per_rank})
             return path
-        device = self._comm_device()
+        group = self._side_group()
         if self.rank != 0:
-            image = _tree_image(state.per_rank).to(device)
-            size = torch.tensor([image.numel()], dtype=torch.int64, device=device)
-            dist.send(size, dst=0)
-            dist.send(image, dst=0)
+            image = _tree_image(state.per_rank)
+            size = torch.tensor([image.numel()], dtype=torch.int64)
+            dist.send(size, dst=0, group=group)
+            dist.send(image, dst=0, group=group)
             error = None
         else:
-            error = self._gather_and_write(path, state, device)
-        ok = torch.tensor([0 if error else 1], dtype=torch.int64, device=device)
-        dist.broadcast(ok, src=0)
+            error = self._gather_and_write(path, state, group)
+        ok = torch.tensor([0 if error else 1], dtype=torch.int64)
+        dist.broadcast(ok, src=0, group=group)
         if error is not None:
             raise error
         if not bool(ok.item()):
@@ -200,16 +206,16 @@ class CheckpointManager:
         return path
 
     def _gather_and_write(
-        self, path: Path, state: TrainingState, device: torch.device
+        self, path: Path, state: TrainingState, group: Any
     ) -> BaseException | None:
         """Rank 0: receive every rank's part (always, so no sender blocks) and write the file."""
         per_rank: dict[int, Any] = {0: state.per_rank}
         for src in range(1, self.world_size):
-            size = torch.zeros(1, dtype=torch.int64, device=device)
-            dist.recv(size, src=src)
-            image = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-            dist.recv(image, src=src)
-            per_rank[src] = _image_tree(image.cpu())
+            size = torch.zeros(1, dtype=torch.int64)
+            dist.recv(size, src=src, group=group)
+            image = torch.empty(int(size.item()), dtype=torch.uint8)
+            dist.recv(image, src=src, group=group)
+            per_rank[src] = _image_tree(image)
         try:
             self._write(path, state, per_rank)
         except Exception as exc:  # reported to all ranks by save()
@@ -239,9 +245,8 @@ class CheckpointManager:
         found = _first_good(_candidates(self.directory), self.locking)
         if not self._distributed:
             return found
-        device = self._comm_device()
-        step = torch.tensor([found.step if found else -1], dtype=torch.int64, device=device)
-        dist.all_reduce(step, op=dist.ReduceOp.MIN)
+        step = torch.tensor([found.step if found else -1], dtype=torch.int64)
+        dist.all_reduce(step, op=dist.ReduceOp.MIN, group=self._side_group())
         agreed = int(step.item())
         if agreed < 0:
             return None

@@ -92,6 +92,9 @@ def init_distributed(
             rank=info.rank,
             world_size=info.world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
+            # binds NCCL's communicator to this rank's GPU at once, so the first collective
+            # cannot land on GPU 0 (and no rank guesses its device from the rank number)
+            device_id=device if chosen == "nccl" else None,
         )
     return DistributedContext(info, rendezvous, chosen, device, timeout_s)
 

@@ -191,8 +191,12 @@ class ShardedBatches:
         world_size: int,
         seed: int,
         augment: bool,
+        pin_memory: bool = False,
     ) -> None:
+        """``pin_memory``: hand out batches in page-locked host memory, so that the copy to
+        the GPU (``.to(device, non_blocking=True)``) runs asynchronously."""
         self.source = source
+        self.pin_memory = pin_memory
         self.global_batch = global_batch
         self.per_rank = global_batch // world_size
         self.rank = rank
@@ -214,6 +218,8 @@ class ShardedBatches:
         if self.augment:
             key = ((self.seed * 1_000_003 + epoch) * 100_003 + step_in_epoch) * 1009 + self.rank
             x = _augment(x, torch.Generator().manual_seed(key))
+        if self.pin_memory:
+            return x.pin_memory(), y.pin_memory()
         return x, y
 
     def test_batches(self, batch: int) -> list[torch.Tensor]:

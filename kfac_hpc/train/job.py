@@ -37,7 +37,7 @@ from kfac_hpc.train.progress import Progress
 from kfac_hpc.train.records import WindowRecorder, eval_record, run_facts
 from kfac_hpc.train.step import TrainStep, evaluate
 from kfac_hpc.train.summary import AttemptLog
-from kfac_hpc.train.timing import PhaseTimer
+from kfac_hpc.train.timing import PhaseTimer, phase_timer
 
 __all__ = ["Job", "Position"]
 
@@ -69,6 +69,7 @@ class Job:
             self.world_size,
             config.seed,
             config.augment,
+            pin_memory=ctx.device.type == "cuda",
         )
         self.steps_per_epoch = self.batches.steps_per_epoch
         self.total_steps = config.steps or config.epochs * self.steps_per_epoch
@@ -91,7 +92,7 @@ class Job:
             world_size=self.world_size,
         )
         extra = tuple(p for p in self.method.phases if p not in PHASES)
-        self.timer: PhaseTimer = PhaseTimer(config.cuda_sync, PHASES + extra)
+        self.timer: PhaseTimer = phase_timer(config.cuda_sync, ctx.device, PHASES + extra)
         self.reached_target = False
         self.last_ckpt_time = time.perf_counter()
 
