@@ -127,8 +127,58 @@ def _package(module: str, hint: str) -> Callable[[], list[Check]]:
     return check
 
 
+def _nccl_allreduce() -> list[Check]:
+    """With CUDA: a 1-rank NCCL communicator on this rank's GPU and one allreduce (a
+    missing driver, a broken NCCL or a mismatched CUDA shows here, not in the first job)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        store = dist.TCPStore("127.0.0.1", port, 1, is_master=True)
+        # under a launcher every rank checks its own GPU with its own 1-rank communicator
+        device = torch.device("cuda", _local_rank() % torch.cuda.device_count())
+        dist.init_process_group(
+            "nccl",
+            store=store,
+            rank=0,
+            world_size=1,
+            device_id=device,
+            timeout=datetime.timedelta(seconds=60),
+        )
+        try:
+            value = torch.full((1024,), 2.0, device=device)
+            dist.all_reduce(value)
+            torch.cuda.synchronize(device)
+            ok = bool((value == 2.0).all().item())
+        finally:
+            dist.destroy_process_group()
+    except Exception as exc:  # any failure is the finding
+        return [Check("nccl-allreduce", False, f"1-rank NCCL allreduce failed: {_one_line(exc)}")]
+    detail = f"1-rank communicator on {device} ({torch.cuda.get_device_name(device)}), 4 KiB"
+    return [Check("nccl-allreduce", ok, detail if ok else "wrong allreduce result")]
+
+
+def _local_rank() -> int:
+    from kfac_hpc.runtime.launch import LaunchError, discover_launch
+
+    try:
+        return discover_launch(mpi_probe=lambda: None).local_rank
+    except LaunchError:
+        return 0
+
+
 CHECKS: tuple[Callable[[], list[Check]], ...] = (
     _torch,
+    _nccl_allreduce,
     _mpi,
     _launch,
     _slurm,

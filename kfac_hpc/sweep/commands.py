@@ -103,6 +103,12 @@ _SWEEP_OPTIONS = [
         "--sbatch-arg", "sbatch_args", multiple=True, help="Extra sbatch option (repeatable)."
     ),
     click.option(
+        "--allow-gpu-rank-mismatch",
+        is_flag=True,
+        default=None,
+        help="Allow ranks per node != GPUs per node (default: refused on GPU nodes).",
+    ),
+    click.option(
         "--template",
         type=click.Path(dir_okay=False),
         default=None,

@@ -65,6 +65,7 @@ _TOP_FIELDS: dict[str, type] = {
     "time": str,
     "signal_seconds": int,
     "sbatch_args": list,
+    "allow_gpu_rank_mismatch": bool,
 }
 
 
@@ -101,6 +102,7 @@ class SweepSpec:
     time: str | None = None
     signal_seconds: int | None = None
     sbatch_args: tuple[str, ...] = ()
+    allow_gpu_rank_mismatch: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -271,6 +273,7 @@ def load_spec(sweep_file: Path | None, overrides: Mapping[str, Any]) -> SweepSpe
         if signal_seconds is None
         else _positive("signal_seconds", signal_seconds),
         sbatch_args=_string_list("sbatch_args", raw.get("sbatch_args", ())),
+        allow_gpu_rank_mismatch=scalar("allow_gpu_rank_mismatch", bool, False),
     )
 
 

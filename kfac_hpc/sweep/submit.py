@@ -58,6 +58,18 @@ def plan_arrays(
     return plan
 
 
+def _check_gpus(spec: SweepSpec, profile: SiteProfile) -> None:
+    """One rank per GPU on GPU nodes, unless the user asks otherwise: more ranks than GPUs
+    share devices (NCCL refuses two ranks on one GPU), fewer leave GPUs idle."""
+    gpus = spec.gpus_per_node or (profile.gpus_per_node or 0)
+    if gpus and spec.ranks_per_node != gpus and not spec.allow_gpu_rank_mismatch:
+        raise SweepInputError(
+            "ranks_per_node",
+            f"{spec.ranks_per_node} rank(s) per node on nodes with {gpus} GPU(s); use "
+            f"--ranks-per-node {gpus}, or --allow-gpu-rank-mismatch if that is intended",
+        )
+
+
 def _requested_partition(sbatch_args: Sequence[str]) -> str | None:
     """The partition named by ``-p X``, ``-pX``, ``--partition X`` or ``--partition=X``."""
     for i, arg in enumerate(sbatch_args):
@@ -112,6 +124,7 @@ def prepare_sweep(
             raise SweepInputError(
                 "sbatch_args", f"{arg!r} is not an sbatch option (e.g. --exclusive, --mem=8G)"
             )
+    _check_gpus(spec, profile)
     tmpl = load_template(template)
     max_size = sweep_backend.max_array_size()
     if backend == "slurm":
