@@ -41,7 +41,9 @@ TRAIN_FLAGS = {
 }
 
 
-def measure(model: str, dataset: str, batch: int, method: str, ranks: int, root: Path) -> list[float]:
+def measure(
+    model: str, dataset: str, batch: int, method: str, ranks: int, root: Path
+) -> list[float]:
     """Per-window mean step seconds of one real run (first window dropped)."""
     run_dir = root / f"{model}-{method}-{ranks}"
     argv = [str(VENV_BIN / "kfac-hpc"), "train", "--run-dir", str(run_dir), "--model", model]
@@ -126,10 +128,8 @@ def main() -> None:
     print(f"\nplot of the A100 predictions: {path}")
     for pred in preds:
         if pred.config.ranks in (16, 128, 1024):
-            print(f"  P={pred.config.ranks:<5} {pred.config.method:<16} {pred.step_s * 1e3:7.2f} ms")
-    (out / "bench_plan.json").write_text(json.dumps(rows, indent=1) + "\n") if os.environ.get(
-        "KFAC_BENCH_JSON"
-    ) else None
+            cfg = pred.config
+            print(f"  P={cfg.ranks:<5} {cfg.method:<16} {pred.step_s * 1e3:7.2f} ms")
 
 
 if __name__ == "__main__":
