@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from kfac_hpc.comm.assignment import lpt_schedule, parse_grad_worker_fraction
 from kfac_hpc.phases import PHASES
+from kfac_hpc.plan.alphabeta import AlphaBeta
 from kfac_hpc.plan.compute import ComputeCosts
 from kfac_hpc.plan.layers import ModelShape
 from kfac_hpc.plan.profiles import NetworkProfile
@@ -65,19 +66,29 @@ class Prediction:
         return sum(self.phases_s.values())
 
 
+def _on_link(link: AlphaBeta, kind: str, nbytes: float, ranks: int) -> float:
+    """One collective on one kind of link; an allreduce takes the faster of a ring and a tree
+    (reduce then broadcast), as NCCL chooses between its ring and tree algorithms."""
+    if kind != "allreduce":
+        return link.time_s(kind, nbytes, ranks)
+    tree = link.time_s("reduce", nbytes, ranks) + link.time_s("broadcast", nbytes, ranks)
+    return min(link.time_s("allreduce", nbytes, ranks), tree)
+
+
 def collective_s(net: NetworkProfile, kind: str, nbytes: float, ranks: int) -> float:
     """One collective over ``ranks`` ranks packed ``net.ranks_per_node`` to a node:
-    allreduce = ring inside the node + ring across nodes on 1/L of the data per rank's NIC
+    allreduce = inside the node + across nodes on 1/L of the data per rank's NIC
     (hierarchical, rail-aligned); broadcast/reduce = tree across nodes, then inside."""
     if ranks <= 1:
         return 0.0
     local = min(ranks, net.ranks_per_node)
     nodes = math.ceil(ranks / local)
     if nodes == 1:
-        return net.intra.time_s(kind, nbytes, ranks)
+        return _on_link(net.intra, kind, nbytes, ranks)
     if kind == "allreduce":
-        return net.intra.time_s(kind, nbytes, local) + net.inter.time_s(kind, nbytes / local, nodes)
-    return net.inter.time_s(kind, nbytes, nodes) + net.intra.time_s(kind, nbytes, local)
+        inside = _on_link(net.intra, kind, nbytes, local)
+        return inside + _on_link(net.inter, kind, nbytes / local, nodes)
+    return _on_link(net.inter, kind, nbytes, nodes) + _on_link(net.intra, kind, nbytes, local)
 
 
 def bucketed_allreduce_s(net: NetworkProfile, nbytes: float, ranks: int, bucket_mb: float) -> float:

@@ -90,3 +90,13 @@ def test_buckets_pay_one_latency_each() -> None:
     net = NetworkProfile("t", 64, link, link)
     # 60 MiB in 25 MiB buckets: 3 allreduces of 2(P-1) = 2 steps each at P = 2
     assert bucketed_allreduce_s(net, 60 * 2**20, 2, 25.0) == pytest.approx(3 * 2 * 1e-3)
+
+
+def test_small_allreduce_at_large_p_takes_the_tree() -> None:
+    link = AlphaBeta(10e-6, 1 / 20e9)
+    net = NetworkProfile("t", 1 << 20, link, link)
+    small, large = 4e3, 1e9
+    tree = 2 * 10 * (10e-6 + small / 20e9)  # reduce + broadcast, ceil(log2 1024) = 10 rounds
+    assert collective_s(net, "allreduce", small, 1024) == pytest.approx(tree)
+    ring = 2046 * 10e-6 + 2 * 1023 / 1024 * large / 20e9
+    assert collective_s(net, "allreduce", large, 1024) == pytest.approx(ring)
