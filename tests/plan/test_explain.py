@@ -1,0 +1,39 @@
+"""The plan next to a finished run: a real `kfac-hpc train` run directory's configuration
+maps to the plan's configuration, and every phase gets a prediction beside its measurement."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kfac_hpc.phases import PHASES
+from kfac_hpc.plan.explain import config_of_run, predicted_vs_measured
+from kfac_hpc.plan.planner import build_cost_model
+from tests.train.conftest import run_plain
+
+
+@pytest.mark.parametrize(
+    ("fraction", "ranks", "method"),
+    [("comm-opt", 4, "kfac-comm-opt"), (0.5, 4, "kfac-hybrid-opt"), (0.25, 4, "kfac-mem-opt")],
+)
+def test_strategy_of_a_run_config(fraction, ranks, method) -> None:
+    config = {"world_size": ranks, "kfac": True, "grad_worker_fraction": fraction, "batch_size": 64}
+    assert config_of_run(config).method == method
+    assert config_of_run({**config, "kfac": False}).method == "sgd"
+
+
+def test_a_real_run_gets_predictions_beside_its_measurements(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    out = run_plain(run_dir, "--steps", "12", "--inv-update-steps", "4", "--no-progress")
+    assert out.returncode == 0, out.stderr[-2000:]
+    planned = build_cost_model("small_cnn", "digits", "a100-hdr200")
+    rows = predicted_vs_measured(planned, run_dir)
+    assert set(rows) == {*PHASES, "step"}
+    run = json.loads((run_dir / "run.json").read_text())
+    assert rows["forward"]["measured_s"] == pytest.approx(run["phases_s"]["forward"])
+    assert rows["step"]["predicted_s"] == pytest.approx(
+        sum(r["predicted_s"] for k, r in rows.items() if k != "step")
+    )
+    assert rows["inverse_compute"]["predicted_s"] > 0  # K-FAC is on in the quick run
