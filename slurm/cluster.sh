@@ -116,6 +116,11 @@ pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 start() {
   install
+  if pid_alive "$work/run/slurmctld.pid" && [ -s "$conf" ] &&
+    ! grep -q "^NodeName=n\[1-$nodes\] .*Port=$((base_port + 1))-" "$conf"; then
+    log "a cluster with another node count is running; stop it first: $0 stop"
+    exit 2
+  fi
   configure
   export SLURM_CONF="$conf"
   if ! pid_alive "$work/run/munged.pid"; then
