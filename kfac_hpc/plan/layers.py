@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kfac_hpc.contracts.options import DATASETS, MODELS
 from kfac_hpc.optim.layers import KFACLayer, make_layer
 from kfac_hpc.plan.errors import PlanInputError
-from kfac_hpc.train.config import DATASETS, MODELS
 from kfac_hpc.train.models import build_model
 
 __all__ = ["INPUTS", "LayerShape", "ModelShape", "model_shape"]

@@ -1,6 +1,6 @@
 """The cost model: predicted seconds per phase and bytes per rank of one training step.
 
-Phases are those of the timing contract (``kfac_hpc.phases``); K-FAC work done every
+Phases are those of the timing contract (``kfac_hpc.contracts.phases``); K-FAC work done every
 ``factor_update_steps`` / ``inv_update_steps`` steps is amortized over its interval. The
 K-FAC layout follows KAISA: factors are allreduced over all ranks; each layer's
 eigendecomposition is computed by one rank (LPT-balanced) and broadcast to the layer's
@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from kfac_hpc.comm.assignment import lpt_schedule, parse_grad_worker_fraction
-from kfac_hpc.phases import PHASES
+from kfac_hpc.contracts import PHASES
 from kfac_hpc.plan.alphabeta import AlphaBeta
 from kfac_hpc.plan.compute import ComputeCosts
 from kfac_hpc.plan.layers import ModelShape

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kfac_hpc.phases import PHASES
+from kfac_hpc.contracts import PHASES
 from kfac_hpc.plan.explain import config_of_run, predicted_vs_measured
 from kfac_hpc.plan.planner import build_cost_model
 from tests.train.conftest import run_plain

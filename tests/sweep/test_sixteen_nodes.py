@@ -11,10 +11,10 @@ import subprocess
 import time
 
 import pytest
-from kfac_hpc.workflows.sweep_flow import wait_for_sweep
 
 from kfac_hpc.sweep.manifest import read_manifest
 from kfac_hpc.sweep.slurm import max_array_size
+from kfac_hpc.workflows.sweep_flow import wait_for_sweep
 from tests.analysis.checks import assert_report_complete, run_report
 from tests.conftest import clean_env
 from tests.sweep.helpers import cli
