@@ -17,7 +17,7 @@ venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt torch==2.13.0
-	$(PIP) install -q -c constraints.txt -e '.[mpich,test,dev,report,data]'
+	$(PIP) install -q -c constraints.txt -e '.[mpich,test,dev,report,data,mnist1d]'
 	$(PIP) install -q -c constraints.txt --no-deps $(ORACLES)
 	@touch $(STAMP)
 

@@ -7,6 +7,7 @@ over as plain trees (:class:`~kfac_hpc.method_state.MethodState`). Schema and pr
 docs/checkpoint.md.
 """
 
+from kfac_hpc.checkpoint.async_writer import AsyncCheckpointWriter
 from kfac_hpc.checkpoint.manager import (
     CheckpointManager,
     init_factors_from,
@@ -27,6 +28,7 @@ from kfac_hpc.checkpoint.training_state import (
 
 __all__ = [
     "SCHEMA_VERSION",
+    "AsyncCheckpointWriter",
     "CheckpointError",
     "CheckpointManager",
     "CheckpointMismatchError",

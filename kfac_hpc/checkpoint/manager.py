@@ -184,31 +184,31 @@ class CheckpointManager:
         Every rank must call it at the same step. Returns the published path on every rank;
         raises on every rank if rank 0 could not write.
         """
-        path = self.directory / checkpoint_name(state.step)
+        path = self.path_for(state.step)
+        per_rank = self.gather(state)
+        error = None
+        if per_rank is not None:
+            try:
+                self.write(path, state, per_rank)
+            except Exception as exc:  # reported to all ranks by agree()
+                error = exc
+        self.agree(path, error)
+        return path
+
+    def path_for(self, step: int) -> Path:
+        return self.directory / checkpoint_name(step)
+
+    def gather(self, state: TrainingState) -> dict[int, Any] | None:
+        """Collective: every rank's ``per_rank`` tree, by rank, on rank 0 (None elsewhere)."""
         if not self._distributed:
-            self._write(path, state, {0: state.per_rank})
-            return path
+            return {0: state.per_rank}
         group = self._side_group()
         if self.rank != 0:
             image = _tree_image(state.per_rank)
             size = torch.tensor([image.numel()], dtype=torch.int64)
             dist.send(size, dst=0, group=group)
             dist.send(image, dst=0, group=group)
-            error = None
-        else:
-            error = self._gather_and_write(path, state, group)
-        ok = torch.tensor([0 if error else 1], dtype=torch.int64)
-        dist.broadcast(ok, src=0, group=group)
-        if error is not None:
-            raise error
-        if not bool(ok.item()):
-            raise CheckpointError(f"rank 0 failed to write {path}")
-        return path
-
-    def _gather_and_write(
-        self, path: Path, state: TrainingState, group: Any
-    ) -> BaseException | None:
-        """Rank 0: receive every rank's part (always, so no sender blocks) and write the file."""
+            return None
         per_rank: dict[int, Any] = {0: state.per_rank}
         for src in range(1, self.world_size):
             size = torch.zeros(1, dtype=torch.int64)
@@ -216,13 +216,24 @@ class CheckpointManager:
             image = torch.empty(int(size.item()), dtype=torch.uint8)
             dist.recv(image, src=src, group=group)
             per_rank[src] = _image_tree(image)
-        try:
-            self._write(path, state, per_rank)
-        except Exception as exc:  # reported to all ranks by save()
-            return exc
-        return None
+        return per_rank
 
-    def _write(self, path: Path, state: TrainingState, per_rank: Mapping[int, Any]) -> None:
+    def agree(self, path: Path, error: BaseException | None) -> None:
+        """Collective: raise on every rank if rank 0's write of ``path`` failed (``error``)."""
+        if not self._distributed:
+            if error is not None:
+                raise error
+            return
+        ok = torch.tensor([0 if error else 1], dtype=torch.int64)
+        dist.broadcast(ok, src=0, group=self._side_group())
+        if error is not None:
+            raise error
+        if not bool(ok.item()):
+            raise CheckpointError(f"rank 0 failed to write {path}")
+
+    def write(self, path: Path, state: TrainingState, per_rank: Mapping[int, Any]) -> None:
+        """Rank 0: write the file atomically, point ``latest`` at it, prune old ones."""
+
         def fill(h5: h5py.File) -> None:
             write_tree(h5, state.shared, compression=self.compression)
             ranks = h5.create_group("ranks", track_order=True)

@@ -61,13 +61,21 @@ def _k(name: str, kind: str, default: Any, help: str, **meta: Any) -> Option:
     return Option(name, kind, default, f"K-FAC: {help}", method="kfac", **meta)
 
 
-MODELS = ("small_cnn", "mlp", "resnet20", "resnet32", "resnet56", "resnet50")
-DATASETS = ("digits", "synthetic_cifar", "synthetic_imagenet", "cifar10", "imagefolder")
+MODELS = ("small_cnn", "mlp", "resnet20", "resnet32", "resnet56", "resnet50", "cnn1d")
+DATASETS = (
+    "digits",
+    "mnist1d",
+    "synthetic_cifar",
+    "synthetic_imagenet",
+    "cifar10",
+    "imagefolder",
+)
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCHEDULES = ("constant", "step", "cosine")
 SCALINGS = ("strong", "weak")
 DIST_BACKENDS = ("auto", "gloo", "nccl")
 COMPUTE_METHODS = ("eigen", "inverse")
+KFAC_APPROXES = ("expand", "reduce")
 ASSIGNMENT_STRATEGIES = ("compute", "memory")
 
 COMMON_OPTIONS: tuple[Option, ...] = (
@@ -80,7 +88,13 @@ COMMON_OPTIONS: tuple[Option, ...] = (
         "folder of the CIFAR-10 binary batches or the image folder",
         optional=True,
     ),
-    _o("num_samples", "int", 4096, "training samples of a synthetic dataset", check="positive"),
+    _o(
+        "num_samples",
+        "int",
+        4096,
+        "training samples of a synthetic or the mnist1d dataset",
+        check="positive",
+    ),
     _o("augment", "bool", True, "random crop + flip for 32x32 image data (cifar10)"),
     _o("optimizer", "str", "sgd", "first-order optimizer", choices=OPTIMIZERS, axis=True),
     _o("lr", "float", 0.1, "peak learning rate", check="positive"),
@@ -175,6 +189,13 @@ KFAC_OPTIONS: tuple[Option, ...] = (
     ),
     _k("skip_layers", "strs", (), "module or class names left unpreconditioned"),
     _k("update_factors_in_hook", "bool", True, "compute factors in the module hooks"),
+    _k(
+        "kfac_approx",
+        "str",
+        "expand",
+        "weight sharing as one row per location (expand) or per sample (reduce)",
+        choices=KFAC_APPROXES,
+    ),
 )
 RUN_OPTIONS: tuple[Option, ...] = (
     _o(
@@ -248,6 +269,13 @@ RUN_OPTIONS: tuple[Option, ...] = (
         unit="min",
         check="positive",
         optional=True,
+        operational=True,
+    ),
+    _o(
+        "checkpoint_async",
+        "bool",
+        False,
+        "write checkpoints in a background thread",
         operational=True,
     ),
     _o(

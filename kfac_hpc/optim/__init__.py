@@ -2,7 +2,7 @@
 schedules, orchestration) and FOSI / DHO2 (optim/fosi/)."""
 
 from kfac_hpc.optim.fosi import FOSI
-from kfac_hpc.optim.options import AssignmentStrategy, ComputeMethod, KFACOptions
+from kfac_hpc.optim.options import AssignmentStrategy, ComputeMethod, KFACApprox, KFACOptions
 from kfac_hpc.optim.preconditioner import PHASES, KFACPreconditioner
 from kfac_hpc.optim.schedules import MultiStepSchedule, ScheduledValue
 
@@ -11,6 +11,7 @@ __all__ = [
     "PHASES",
     "AssignmentStrategy",
     "ComputeMethod",
+    "KFACApprox",
     "KFACOptions",
     "KFACPreconditioner",
     "MultiStepSchedule",

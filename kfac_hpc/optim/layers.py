@@ -17,18 +17,35 @@ where g is the gradient of the loss w.r.t. the layer output and c = N · accumul
 grad_scale turns the gradient of a batch-mean loss into per-example gradients. For a Linear
 layer on (N, in) inputs, G ⊗ A is then exactly K-FAC's approximation of the empirical Fisher
 (1/N) Σ_n ∇ℓ_n ∇ℓ_nᵀ.
+
+K-FAC-reduce (Eschenhagen et al. 2023, ``KFACApprox.REDUCE``) makes each sample one row: its
+inputs (patches) averaged and its output gradients summed over the weight-sharing dimensions
+(the output locations of a convolution, the middle dimensions of a Linear), so M = N; this is
+curvlinops' ``kfac_approx="reduce"``. With ``sample_fraction`` f < 1 the statistics use only
+the first ⌈f·N⌉ samples of the (shuffled) batch: A and G are then the same formulas over those
+samples, c still using the full N.
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Conv2dLayer", "KFACLayer", "LinearLayer", "make_layer"]
+__all__ = ["Conv1dLayer", "Conv2dLayer", "KFACApprox", "KFACLayer", "LinearLayer", "make_layer"]
+
+
+class KFACApprox(enum.Enum):
+    """How weight sharing (convolutions, Linear layers with extra leading dimensions) enters
+    the factors: every location a row (expand), or one row per sample (reduce)."""
+
+    EXPAND = "expand"
+    REDUCE = "reduce"
 
 
 class KFACLayer:
@@ -42,6 +59,8 @@ class KFACLayer:
         self.groups = groups
         self.n_a = n_a
         self.n_g = n_g
+        self.approx = KFACApprox.EXPAND
+        self.sample_fraction = 1.0
 
     @property
     def weight(self) -> Tensor:
@@ -60,18 +79,28 @@ class KFACLayer:
         lead = (self.groups,) if self.groups > 1 else ()
         return (*lead, self.n_a, self.n_a), (*lead, self.n_g, self.n_g)
 
+    def as_batch(self, t: Tensor) -> Tensor:
+        """The module input or output gradient with its batch as dimension 0."""
+        return t
+
     def a_moments(self, x: Tensor) -> tuple[Tensor, Tensor | None, int]:
         """Σ a aᵀ (groups, n_in, n_in), Σ a (groups, n_in) (None for a layer without bias) and
-        the row count M, without the bias column, from the module input ``x``."""
+        the row count M, without the bias column, from the batched module input ``x``."""
         raise NotImplementedError
 
     def g_moments(self, g: Tensor) -> Tensor:
-        """Σ g gᵀ over the rows, (groups, n_G, n_G), from the output gradient ``g``."""
+        """Σ g gᵀ over the rows, (groups, n_G, n_G), from the batched output gradient ``g``."""
         raise NotImplementedError
+
+    def _sampled(self, t: Tensor) -> Tensor:
+        """The first ⌈f·N⌉ samples of a batched tensor (a view: no copy)."""
+        if self.sample_fraction >= 1.0:
+            return t
+        return t[: max(1, math.ceil(self.sample_fraction * t.shape[0]))]
 
     def a_factor(self, x: Tensor, dtype: torch.dtype) -> Tensor:
         """A of one batch from the module input ``x``, shape ``factor_shapes[0]``."""
-        cov, col, m = self.a_moments(x.detach().to(dtype))
+        cov, col, m = self.a_moments(self._sampled(self.as_batch(x.detach())).to(dtype))
         if col is not None:
             # Bias folded in as a column of ones, without copying the rows to append it.
             full = cov.new_empty(self.groups, self.n_a, self.n_a)
@@ -85,9 +114,14 @@ class KFACLayer:
 
     def g_factor(self, g: Tensor, grad_multiplier: float, dtype: torch.dtype) -> Tensor:
         """G of one batch from the output gradient ``g`` (see the module docstring)."""
-        batch = g.shape[0] if g.dim() > 1 else 1
-        # (1/N) Σ (N·c g)(N·c g)ᵀ = N c² Σ g gᵀ
-        cov = self.g_moments(g.detach().to(dtype)) * (grad_multiplier * grad_multiplier * batch)
+        g = self.as_batch(g.detach())
+        batch = g.shape[0]
+        sampled = self._sampled(g)
+        # (1/N) Σ (N·c g)(N·c g)ᵀ = N c² Σ g gᵀ; over S < N samples (1/S) Σ (N·c g)(N·c g)ᵀ
+        scale = grad_multiplier * grad_multiplier * batch
+        if len(sampled) < batch:
+            scale *= batch / len(sampled)
+        cov = self.g_moments(sampled.to(dtype)) * scale
         return cov if self.groups > 1 else cov[0]
 
     def grad_matrix(self) -> Tensor:
@@ -129,82 +163,134 @@ class LinearLayer(KFACLayer):
         n_a = module.in_features + (1 if module.bias is not None else 0)
         super().__init__(name, module, 1, n_a, module.out_features)
 
+    def as_batch(self, t: Tensor) -> Tensor:
+        return t.unsqueeze(0) if t.dim() == 1 else t
+
+    def _shared(self, t: Tensor) -> bool:
+        return self.approx is KFACApprox.REDUCE and t.dim() > 2
+
     def a_moments(self, x: Tensor) -> tuple[Tensor, Tensor | None, int]:
-        rows = x.reshape(-1, x.shape[-1])
+        rows = x.flatten(1, -2).mean(1) if self._shared(x) else x.reshape(-1, x.shape[-1])
         col = rows.sum(0).unsqueeze(0) if self.bias is not None else None
         return _gram(rows.mT.unsqueeze(0)), col, rows.shape[0]
 
     def g_moments(self, g: Tensor) -> Tensor:
-        return _gram(g.reshape(-1, g.shape[-1]).mT.unsqueeze(0))
+        rows = g.flatten(1, -2).sum(1) if self._shared(g) else g.reshape(-1, g.shape[-1])
+        return _gram(rows.mT.unsqueeze(0))
 
 
 class Conv2dLayer(KFACLayer):
     """``nn.Conv2d``: im2col patches as A's rows, every output location as a row of G.
 
     Handles stride, dilation, integer/tuple/'same'/'valid' padding, every padding mode and
-    groups (per-group factors: depthwise layers get ``groups`` tiny factors).
+    groups (per-group factors: depthwise layers get ``groups`` tiny factors). Under K-FAC-reduce
+    a sample's rows are its patches averaged (A) and its output gradients summed (G) over the
+    output locations, so each sample is one row.
     """
 
     kind = "Conv2d"
 
-    def __init__(self, name: str, module: nn.Conv2d) -> None:
-        kh, kw = module.kernel_size
-        n_in = module.in_channels // module.groups * kh * kw
+    def __init__(self, name: str, module: nn.Conv2d | nn.Conv1d) -> None:
+        self.kernel, self.stride, self.dilation = (
+            self._pair(v) for v in (module.kernel_size, module.stride, module.dilation)
+        )
+        n_in = module.in_channels // module.groups * self.kernel[0] * self.kernel[1]
         n_a = n_in + (1 if module.bias is not None else 0)
         super().__init__(name, module, module.groups, n_a, module.out_channels // module.groups)
-        self.conv = module
-        self._pad = self._explicit_padding(module)
+        self.padding_mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+        self._pad = self._explicit_padding(module.padding)
 
     @staticmethod
-    def _explicit_padding(module: nn.Conv2d) -> tuple[int, int, int, int]:
+    def _pair(value: tuple[int, ...]) -> tuple[int, int]:
+        return (value[0], value[1])
+
+    def _explicit_padding(self, padding: str | tuple[int, ...]) -> tuple[int, int, int, int]:
         """(left, right, top, bottom) as ``F.pad`` takes them."""
-        if module.padding == "valid":
+        if padding == "valid":
             return (0, 0, 0, 0)
-        if module.padding == "same":
+        if padding == "same":
             pads: list[int] = []
-            for k, d in zip(reversed(module.kernel_size), reversed(module.dilation), strict=True):
+            for k, d in zip(reversed(self.kernel), reversed(self.dilation), strict=True):
                 total = d * (k - 1)
                 pads += [total // 2, total - total // 2]
             return (pads[0], pads[1], pads[2], pads[3])
-        ph, pw = (int(p) for p in module.padding)
+        ph, pw = (int(p) for p in padding)
         return (pw, pw, ph, ph)
 
+    def as_batch(self, t: Tensor) -> Tensor:
+        return t.unsqueeze(0) if t.dim() == 3 else t
+
     def a_moments(self, x: Tensor) -> tuple[Tensor, Tensor | None, int]:
-        if x.dim() == 3:
-            x = x.unsqueeze(0)
-        mode = "constant" if self.conv.padding_mode == "zeros" else self.conv.padding_mode
+        patches = self._patch_means if self.approx is KFACApprox.REDUCE else self._patch_matrix
         if not any(self._pad):
-            return _moments(x, self._patch_matrix, self.bias is not None)
+            return _moments(x, patches, self.bias is not None)
 
         def padded_patches(chunk: Tensor) -> Tensor:  # padded chunk by chunk: stays in cache
-            return self._patch_matrix(F.pad(chunk, self._pad, mode=mode))
+            return patches(F.pad(chunk, self._pad, mode=self.padding_mode))
 
         return _moments(x, padded_patches, self.bias is not None)
+
+    def _out_size(self, h: int, w: int) -> tuple[int, int]:
+        (kh, kw), (dh, dw), (sh, sw) = self.kernel, self.dilation, self.stride
+        return (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
+
+    def _windows(self, x: Tensor) -> Iterator[tuple[int, int, Tensor]]:
+        """(i, j, the (n, C, P, Q) input window under kernel tap (i, j)) for every tap."""
+        p, q = self._out_size(x.shape[2], x.shape[3])
+        (kh, kw), (dh, dw), (sh, sw) = self.kernel, self.dilation, self.stride
+        for i in range(kh):
+            for j in range(kw):
+                yield i, j, x[:, :, i * dh :: sh, j * dw :: sw][:, :, :p, :q]
 
     def _patch_matrix(self, x: Tensor) -> Tensor:
         """im2col of the padded input (n, C, H, W) as (groups, C/groups·kh·kw, n·P·Q), rows
         ordered like ``weight.view(out, -1)``. Built from kh·kw strided copies, several times
         faster on CPUs than ``F.unfold`` and directly in the layout of one GEMM."""
-        n, c, h, w = x.shape
-        (kh, kw), (dh, dw), (sh, sw) = self.conv.kernel_size, self.conv.dilation, self.conv.stride
-        p = (h - dh * (kh - 1) - 1) // sh + 1
-        q = (w - dw * (kw - 1) - 1) // sw + 1
-        out = x.new_empty(c, kh, kw, n, p, q)
-        for i in range(kh):
-            for j in range(kw):
-                window = x[:, :, i * dh :: sh, j * dw :: sw][:, :, :p, :q]
-                out[:, i, j].copy_(window.permute(1, 0, 2, 3))
+        n, c = x.shape[:2]
+        p, q = self._out_size(x.shape[2], x.shape[3])
+        out = x.new_empty(c, *self.kernel, n, p, q)
+        for i, j, window in self._windows(x):
+            out[:, i, j].copy_(window.permute(1, 0, 2, 3))
         return out.view(self.groups, -1, n * p * q)
 
+    def _patch_means(self, x: Tensor) -> Tensor:
+        """The patches of the padded input averaged over the output locations,
+        (groups, C/groups·kh·kw, n): one window sum per kernel tap, no im2col copy."""
+        n, c = x.shape[:2]
+        p, q = self._out_size(x.shape[2], x.shape[3])
+        out = x.new_empty(c, *self.kernel, n)
+        for i, j, window in self._windows(x):
+            out[:, i, j].copy_(window.sum((2, 3)).T)
+        return out.div_(p * q).view(self.groups, -1, n)
+
     def g_moments(self, g: Tensor) -> Tensor:
-        if g.dim() == 3:
-            g = g.unsqueeze(0)
+        if self.approx is KFACApprox.REDUCE:
+            sums = g.sum((2, 3)).reshape(g.shape[0], self.groups, self.n_g)
+            return _gram(sums.permute(1, 2, 0))
 
         def rows(chunk: Tensor) -> Tensor:  # (n, C, H, W) -> (groups, C/groups, n·H·W)
             per_group = chunk.reshape(chunk.shape[0], self.groups, self.n_g, -1)
             return per_group.permute(1, 2, 0, 3).reshape(self.groups, self.n_g, -1)
 
         return _moments(g, rows, False)[0]
+
+
+class Conv1dLayer(Conv2dLayer):
+    """``nn.Conv1d`` as a Conv2d of height 1: inputs (N, C, L) are viewed as (N, C, 1, L)."""
+
+    kind = "Conv1d"
+
+    @staticmethod
+    def _pair(value: tuple[int, ...]) -> tuple[int, int]:
+        return (1, value[0]) if len(value) == 1 else (value[0], value[1])
+
+    def _explicit_padding(self, padding: str | tuple[int, ...]) -> tuple[int, int, int, int]:
+        if isinstance(padding, str):
+            return super()._explicit_padding(padding)
+        return super()._explicit_padding((0, int(padding[0])))
+
+    def as_batch(self, t: Tensor) -> Tensor:
+        return (t.unsqueeze(0) if t.dim() == 2 else t).unsqueeze(2)
 
 
 # On CPUs the batch is processed in chunks whose column matrix is about this large: big enough
@@ -265,13 +351,25 @@ def _moments(
     return cov, col, len(data) * per_sample
 
 
-def make_layer(name: str, module: nn.Module) -> KFACLayer | None:
+def make_layer(
+    name: str,
+    module: nn.Module,
+    approx: KFACApprox = KFACApprox.EXPAND,
+    sample_fraction: float = 1.0,
+) -> KFACLayer | None:
     """The K-FAC layer of a supported module with trainable weights, else None."""
     weight = getattr(module, "weight", None)
     if not isinstance(weight, Tensor) or not weight.requires_grad:
         return None
+    layer: KFACLayer
     if isinstance(module, nn.Linear):
-        return LinearLayer(name, module)
-    if isinstance(module, nn.Conv2d):
-        return Conv2dLayer(name, module)
-    return None
+        layer = LinearLayer(name, module)
+    elif isinstance(module, nn.Conv2d):
+        layer = Conv2dLayer(name, module)
+    elif isinstance(module, nn.Conv1d):
+        layer = Conv1dLayer(name, module)
+    else:
+        return None
+    layer.approx = approx
+    layer.sample_fraction = sample_fraction
+    return layer

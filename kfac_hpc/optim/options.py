@@ -16,9 +16,10 @@ import torch
 
 from kfac_hpc.comm import AssignmentStrategy
 from kfac_hpc.contracts.grad_workers import GRAD_WORKER_NAMES
+from kfac_hpc.optim.layers import KFACApprox
 from kfac_hpc.optim.schedules import Hyperparameter, ScheduledValue
 
-__all__ = ["AssignmentStrategy", "ComputeMethod", "GradScalerLike", "KFACOptions"]
+__all__ = ["AssignmentStrategy", "ComputeMethod", "GradScalerLike", "KFACApprox", "KFACOptions"]
 
 
 class ComputeMethod(enum.Enum):
@@ -88,6 +89,8 @@ class KFACOptions:
     skip_layers: Sequence[str] = ()
     update_factors_in_hook: bool = True
     synchronize_timings: bool = False
+    kfac_approx: KFACApprox | str = KFACApprox.EXPAND
+    factor_sample_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         self.schedules = self._build_schedules()
@@ -95,6 +98,7 @@ class KFACOptions:
             "assignment_strategy", self.assignment_strategy, AssignmentStrategy
         )
         self.compute_method = _choice("compute_method", self.compute_method, ComputeMethod)
+        self.kfac_approx = _choice("kfac_approx", self.kfac_approx, KFACApprox)
         for name in (
             "colocate_factors",
             "compute_eigenvalue_outer_product",
@@ -140,6 +144,9 @@ class KFACOptions:
         cap = self.allreduce_bucket_cap_mb
         if isinstance(cap, bool) or not isinstance(cap, int | float) or not cap > 0:
             raise ValueError(f"allreduce_bucket_cap_mb must be a number > 0, got {cap!r}")
+        frac = self.factor_sample_fraction
+        if isinstance(frac, bool) or not isinstance(frac, int | float) or not (0 < frac <= 1):
+            raise ValueError(f"factor_sample_fraction must be a number in (0, 1], got {frac!r}")
         # Whether f·P divides P is checked against the world size by the assignment.
         fraction = self.grad_worker_fraction
         if isinstance(fraction, str):

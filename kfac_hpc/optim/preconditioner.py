@@ -36,7 +36,7 @@ from kfac_hpc.optim.compute import SecondOrder, make_method
 from kfac_hpc.optim.factors import LayerFactors
 from kfac_hpc.optim.kfac_state import KFACStateMixin
 from kfac_hpc.optim.layer_state import LayerState
-from kfac_hpc.optim.layers import KFACLayer, make_layer
+from kfac_hpc.optim.layers import KFACApprox, KFACLayer, make_layer
 from kfac_hpc.optim.options import ComputeMethod, GradScalerLike, KFACOptions
 from kfac_hpc.optim.schedules import Hyperparameter
 from kfac_hpc.optim.second_order_update import SecondOrderUpdate
@@ -80,6 +80,8 @@ class KFACPreconditioner(KFACStateMixin):
         skip_layers: Sequence[str] = (),
         update_factors_in_hook: bool = True,
         synchronize_timings: bool = False,
+        kfac_approx: KFACApprox | str = KFACApprox.EXPAND,
+        factor_sample_fraction: float = 1.0,
     ) -> None:
         self.options = KFACOptions(
             factor_update_steps=factor_update_steps,
@@ -102,6 +104,8 @@ class KFACPreconditioner(KFACStateMixin):
             skip_layers=skip_layers,
             update_factors_in_hook=update_factors_in_hook,
             synchronize_timings=synchronize_timings,
+            kfac_approx=kfac_approx,
+            factor_sample_fraction=factor_sample_fraction,
         )
         # Layer names must not depend on DDP wrapping (checkpoints are keyed by them).
         inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
@@ -165,7 +169,12 @@ class KFACPreconditioner(KFACStateMixin):
             if any(s in (name.lower(), kind) or name.lower().startswith(s + ".") for s in skip):
                 continue
             # The model itself (a bare Linear) gets its class name: a key must not be empty.
-            layer = make_layer(name or type(module).__name__, module)
+            layer = make_layer(
+                name or type(module).__name__,
+                module,
+                self.options.kfac_approx,  # type: ignore[arg-type]
+                self.options.factor_sample_fraction,
+            )
             if layer is not None:
                 layers.append(layer)
         if not layers:

@@ -86,6 +86,13 @@ class TrainConfig:
                 check_value(option, getattr(self, option.name))
             except InputError as exc:
                 raise ConfigError(exc.field, exc.reason) from None
+        sequences = self.dataset == "mnist1d"
+        if sequences != (self.model == "cnn1d") and self.model != "mlp":
+            raise ConfigError(
+                "model",
+                f"{self.model!r} does not fit dataset {self.dataset!r}: use cnn1d or mlp for "
+                "the mnist1d sequences, an image model for the image datasets",
+            )
         if self.stop_at_target and self.target_accuracy is None:
             raise ConfigError("stop_at_target", "needs --target-accuracy")
         if self.dataset in ("cifar10", "imagefolder"):

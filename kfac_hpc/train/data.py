@@ -11,6 +11,7 @@ what an uninterrupted one would.
 from __future__ import annotations
 
 import importlib.util
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +30,11 @@ _CIFAR_STD = (0.2470, 0.2435, 0.2616)
 
 @dataclass
 class DataSource:
-    """Train and test samples addressed by index; ``shape`` is (C, H, W)."""
+    """Train and test samples addressed by index; ``shape`` is (C, H, W) of images or (C, L)
+    of sequences."""
 
     name: str
-    shape: tuple[int, int, int]
+    shape: tuple[int, ...]
     num_classes: int
     train_len: int
     test_len: int
@@ -46,7 +48,7 @@ def _tensor_source(
     (xtr, ytr), (xte, yte) = train, test
     return DataSource(
         name,
-        tuple(xtr.shape[1:]),  # type: ignore[arg-type]
+        tuple(xtr.shape[1:]),
         int(max(ytr.max().item(), yte.max().item())) + 1,
         len(ytr),
         len(yte),
@@ -69,6 +71,33 @@ def _digits(seed: int) -> DataSource:
     mean, std = x[train].mean(), x[train].std()
     x = (x - mean) / std
     return _tensor_source("digits", (x[train], y[train]), (x[test], y[test]))
+
+
+def _mnist1d(train_samples: int) -> DataSource:
+    """MNIST-1D (Greydanus 2020): 10 classes of length-40 sequences, generated locally by the
+    ``mnist1d`` package from its templates (never downloaded). ``train_samples`` training
+    sequences and a quarter as many test sequences (the package's 80/20 split), from the
+    package's fixed seed, so every run sees the same data. Shape (1, 40)."""
+    if importlib.util.find_spec("mnist1d") is None:
+        raise ImportError(
+            "dataset 'mnist1d' needs the mnist1d package: pip install 'kfac-hpc[mnist1d]'"
+        )
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.num_samples = 10 * -(-train_samples * 5 // 40)  # 5/4 of it, a multiple of 10 classes
+    # The generator reseeds the global RNGs: keep the job's own streams untouched.
+    saved = random.getstate(), np.random.get_state()
+    try:
+        raw = make_dataset(args)
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+
+    def part(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor(x, dtype=torch.float32).unsqueeze(1), torch.tensor(y, dtype=torch.int64)
+
+    return _tensor_source("mnist1d", part(raw["x"], raw["y"]), part(raw["x_test"], raw["y_test"]))
 
 
 def _synthetic(shape: tuple[int, int, int], num_classes: int, n: int, seed: int) -> DataSource:
@@ -156,6 +185,8 @@ def load_data(config: TrainConfig) -> DataSource:
     """The dataset of ``config`` (already validated)."""
     if config.dataset == "digits":
         return _digits(config.seed)
+    if config.dataset == "mnist1d":
+        return _mnist1d(config.num_samples)
     if config.dataset == "synthetic_cifar":
         return _synthetic((3, 32, 32), 10, config.num_samples, config.seed)
     if config.dataset == "synthetic_imagenet":

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from kfac_hpc.checkpoint import (
+    AsyncCheckpointWriter,
     CheckpointManager,
     DataPosition,
     capture_training_state,
@@ -91,6 +92,8 @@ class Job:
             rank=self.rank,
             world_size=self.world_size,
         )
+        # --checkpoint-async: the step pays for a host snapshot; a thread writes the file.
+        self.writer = AsyncCheckpointWriter(self.manager) if config.checkpoint_async else None
         extra = tuple(p for p in self.method.phases if p not in PHASES)
         self.timer: PhaseTimer = phase_timer(config.cuda_sync, ctx.device, PHASES + extra)
         self.reached_target = False
@@ -175,7 +178,7 @@ class Job:
             strategy=self.method.strategy,
             extra={"attempt": self.attempt, "wall_s": self.wall_s()},
         )
-        self.manager.save(state)
+        (self.writer or self.manager).save(state)
         self.last_ckpt_time = time.perf_counter()
 
     # ----------------------------------------------------------------- the loop
@@ -236,6 +239,8 @@ class Job:
         checkpointing = self.config.checkpoint_every_steps or self.config.checkpoint_every_min
         if end != "preempted" and checkpointing and pos.step > pos.start_step:
             self.save(pos.step)
+        if self.writer is not None:  # exit and requeue wait for the write in flight
+            self.writer.wait()
 
     # ----------------------------------------------------------------- records
     def facts(self, step: int, step_times: list[float]) -> dict[str, Any]:

@@ -1,11 +1,14 @@
 """The networks of the job, written here so torchvision stays optional.
 
-Inputs are NCHW image batches; outputs are logits of shape (N, num_classes).
+Inputs are NCHW image batches (NCL sequences for ``cnn1d``); outputs are logits of shape
+(N, num_classes).
 CIFAR ResNets follow He et al. 2016 (3 stages of 16/32/64 channels, 6n+2 layers) with 1x1
 projection shortcuts where the shape changes; ResNet-50 is the ImageNet bottleneck network.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -31,6 +34,24 @@ class SmallCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))
+
+
+def _cnn1d(channels: int, length: int, num_classes: int) -> nn.Module:
+    """The MNIST-1D paper's CNN: three stride-2 Conv1d layers of 25 channels and a linear
+    classifier (every weight layer is Conv1d or Linear, so K-FAC preconditions all of it)."""
+    out = length
+    for kernel in (5, 3, 3):
+        out = (out + 2 - kernel) // 2 + 1
+    return nn.Sequential(
+        nn.Conv1d(channels, 25, 5, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Conv1d(25, 25, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Conv1d(25, 25, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(25 * out, num_classes),
+    )
 
 
 def _mlp(in_features: int, num_classes: int) -> nn.Module:
@@ -118,13 +139,16 @@ def _resnet50(channels: int, num_classes: int) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    """The network ``name`` for inputs of shape (C, H, W); names are contracts.options.MODELS."""
-    channels, height, width = input_shape
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The network ``name`` for inputs of shape (C, H, W), or (C, L) for ``cnn1d``; names are
+    contracts.options.MODELS."""
+    channels = input_shape[0]
+    if name == "mlp":
+        return _mlp(math.prod(input_shape), num_classes)
+    if name == "cnn1d":
+        return _cnn1d(channels, input_shape[-1], num_classes)
     if name == "small_cnn":
         return SmallCNN(channels, num_classes)
-    if name == "mlp":
-        return _mlp(channels * height * width, num_classes)
     if name in ("resnet20", "resnet32", "resnet56"):
         return _cifar_resnet(int(name[len("resnet") :]), channels, num_classes)
     if name == "resnet50":

@@ -1,0 +1,305 @@
+"""K-FAC step time against its floor, from real consecutive steps: one command.
+
+    .venv/bin/python benchmarks/bench_kfac_floor.py [--rounds 3] [--steps 110] [--every-steps 20]
+
+CIFAR ResNet-32 shapes, batch 64, 2 threads, CPU, SGD with momentum, eigen method. Each round
+runs, one after the other, ``--steps`` consecutive steps of plain SGD, of SGD+K-FAC with
+factors every 10 steps and eigendecompositions every 100 (expand and reduce), and
+``--every-steps`` consecutive steps with both every step (expand and reduce). Step 0 of every
+trainer is the warm-up; with 110 steps per round each 10/100 round holds 11 factor steps and
+exactly one eigendecomposition step. A ratio is the mean step of a configuration over the mean
+SGD step of the same round; the median of the rounds is printed with their min and max.
+
+The floor of expand K-FAC is SGD's step plus the factor products of the executed shapes (the
+upper block triangles that layers.py computes) at the rate ``torch.matmul`` reaches on the
+full products of the same shapes, plus the eigendecompositions of every factor (measured
+here), amortised over the mix: 1/10 of the products and 1/100 of the decompositions per step at
+10/100, all of them at 1/1.
+
+Factor rate: executed GFLOP/s (FLOPs actually run) and effective GFLOP/s (2·M·n² per factor),
+next to ``torch.matmul`` of the same (n × M)·(M × n) shapes.
+
+kfac_pytorch side by side: the script tries ``pip install --no-deps kfac-pytorch`` into a
+throwaway directory (never a project dependency) and runs it with the same options; where the
+package index cannot provide it, it says so and skips that row.
+
+Prints everything and writes benchmarks/results/bench_kfac_floor.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_kfac import BATCH, THREADS, Trainer, _capture, _model
+
+from kfac_hpc.optim import KFACPreconditioner
+from kfac_hpc.optim.layers import _block_edges
+
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_kfac_floor.json"
+SPARSE = {"factor_update_steps": 10, "inv_update_steps": 100}
+EVERY = {"factor_update_steps": 1, "inv_update_steps": 1}
+TARGETS = {
+    "expand_10_100_vs_floor": 1.10,
+    "expand_1_1_vs_floor": 1.10,
+    "reduce_10_100_vs_sgd": 1.10,
+    "reduce_1_1_vs_sgd": 3.0,
+    "executed_vs_matmul": 0.90,
+}
+
+
+class ForeignTrainer(Trainer):
+    """The same step with kfac_pytorch's preconditioner (identical options)."""
+
+    def __init__(self, module: Any, **options: Any) -> None:
+        super().__init__()
+        self.pre = module.KFACPreconditioner(self.model, lr=0.01, **options)
+
+
+def _consecutive(trainer: Trainer, steps: int) -> float:
+    """Mean seconds per step of ``steps`` consecutive steps."""
+    start = time.perf_counter()
+    for _ in range(steps):
+        trainer.step()
+    return (time.perf_counter() - start) / steps
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def bench_steps(rounds: int, steps: int, every_steps: int, foreign: Any) -> dict[str, Any]:
+    trainers: dict[str, Trainer] = {
+        "sgd": Trainer(),
+        "expand_10_100": Trainer(**SPARSE),
+        "reduce_10_100": Trainer(**SPARSE, kfac_approx="reduce"),
+        "expand_1_1": Trainer(**EVERY),
+        "reduce_1_1": Trainer(**EVERY, kfac_approx="reduce"),
+    }
+    if foreign is not None:
+        trainers["kfac_pytorch_10_100"] = ForeignTrainer(foreign, **SPARSE)
+        trainers["kfac_pytorch_1_1"] = ForeignTrainer(foreign, **EVERY)
+    for trainer in trainers.values():
+        trainer.step()  # warm-up: allocator, the first factors and decompositions
+    per_round: dict[str, list[float]] = {name: [] for name in trainers}
+    for index in range(rounds):
+        for name, trainer in trainers.items():
+            n = every_steps if name.endswith("1_1") else steps
+            per_round[name].append(_consecutive(trainer, n))
+        sgd = per_round["sgd"][-1]
+        shown = ", ".join(f"{k} {v[-1] / sgd:.2f}x" for k, v in per_round.items() if k != "sgd")
+        print(f"  round {index + 1}: SGD {sgd * 1e3:.0f} ms; {shown}", flush=True)
+    return {"step_s": per_round}
+
+
+def _factor_shapes(pre: KFACPreconditioner, captured: dict[str, Any]) -> list[tuple[int, int, int]]:
+    """(groups, M, n) of every factor as the expand layers compute it."""
+    shapes = []
+    for name, layer in pre.layers.items():
+        g = captured[name][1]
+        rows = g.numel() // (layer.groups * layer.n_g)
+        shapes += [(layer.groups, rows, layer.n_a), (layer.groups, rows, layer.n_g)]
+    return shapes
+
+
+def _executed_flops(groups: int, m: int, n: int) -> int:
+    """FLOPs of the upper block triangle GEMMs layers._gram_into runs for one factor."""
+    edges = _block_edges(n)
+    return sum(2 * groups * m * end * (end - start) for start, end in itertools.pairwise(edges))
+
+
+def _best_of(fns: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Median of ``repeats`` alternating runs of each function."""
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            times[i].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
+def bench_floor_parts(repeats: int) -> dict[str, float]:
+    """Factor computation, matmul of the same shapes, and every eigendecomposition."""
+    model = _model()
+    pre = KFACPreconditioner(model)
+    pre.remove_hooks()
+    captured = _capture(model, pre.layers)
+    shapes = _factor_shapes(pre, captured)
+    effective = sum(2 * g * m * n * n for g, m, n in shapes)
+    executed = sum(_executed_flops(g, m, n) for g, m, n in shapes)
+    operands = [torch.randn(g, m, n) for g, m, n in shapes]
+    factors: list[torch.Tensor] = []
+
+    def ours() -> None:
+        factors.clear()
+        with torch.no_grad():
+            for name, layer in pre.layers.items():
+                x, g = captured[name]
+                factors.append(layer.a_factor(x, torch.float32))
+                factors.append(layer.g_factor(g, 1.0, torch.float32))
+
+    def matmul() -> None:
+        for rows in operands:
+            torch.matmul(rows.mT, rows)
+
+    t_ours, t_matmul = _best_of([ours, matmul], repeats)
+    damped = [f + 1e-3 * torch.eye(f.shape[-1]) for f in factors]
+
+    def eigen() -> None:
+        for f in damped:
+            torch.linalg.eigh(f)
+
+    (t_eigh,) = _best_of([eigen], max(1, repeats // 2))
+    matmul_rate = effective / t_matmul
+    return {
+        "factor_gflop_effective": effective / 1e9,
+        "factor_gflop_executed": executed / 1e9,
+        "factor_s": t_ours,
+        "matmul_full_s": t_matmul,
+        "factor_executed_gflops": executed / t_ours / 1e9,
+        "factor_effective_gflops": effective / t_ours / 1e9,
+        "matmul_gflops": matmul_rate / 1e9,
+        "executed_vs_matmul": executed / t_ours / matmul_rate,
+        "floor_factor_s": executed / matmul_rate,
+        "eigh_all_s": t_eigh,
+    }
+
+
+def _foreign_module(skip: bool) -> tuple[Any, str]:
+    """kfac_pytorch's preconditioner module from a throwaway install, or (None, why not)."""
+    if skip:
+        return None, "skipped (--no-kfac-pytorch)"
+    target = tempfile.mkdtemp(prefix="kfac-pytorch-")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            target,
+            "kfac-pytorch",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        reason = (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
+        return None, f"not installable here: {reason}"
+    sys.path.insert(0, target)
+    return importlib.import_module("kfac.preconditioner"), "installed"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument("--steps", type=int, default=110, help="steps per 10/100 round")
+    parser.add_argument("--every-steps", type=int, default=20, help="steps per 1/1 round")
+    parser.add_argument("--no-kfac-pytorch", action="store_true", help="skip kfac_pytorch")
+    args = parser.parse_args()
+    torch.set_num_threads(THREADS)
+    started = time.perf_counter()
+    foreign, foreign_status = _foreign_module(args.no_kfac_pytorch)
+    parts = bench_floor_parts(repeats=5)
+    steps = bench_steps(args.rounds, args.steps, args.every_steps, foreign)["step_s"]
+    sgd = steps["sgd"]
+    ratios = {
+        name: _summary([t / s for t, s in zip(times, sgd, strict=True)])
+        for name, times in steps.items()
+        if name != "sgd"
+    }
+    floors = {
+        "expand_10_100": [
+            s + parts["floor_factor_s"] / 10 + parts["eigh_all_s"] / 100 for s in sgd
+        ],
+        "expand_1_1": [s + parts["floor_factor_s"] + parts["eigh_all_s"] for s in sgd],
+    }
+    vs_floor = {
+        name: _summary([t / f for t, f in zip(steps[name], fl, strict=True)])
+        for name, fl in floors.items()
+    }
+    result = {
+        "schema": 1,
+        "benchmark": "kfac_floor",
+        "model": "resnet32",
+        "batch": BATCH,
+        "threads": THREADS,
+        "rounds": args.rounds,
+        "steps_10_100": args.steps,
+        "steps_1_1": args.every_steps,
+        "torch": torch.__version__,
+        "step_s": steps,
+        "floor_s": floors,
+        "ratio_vs_sgd": ratios,
+        "ratio_vs_floor": vs_floor,
+        "kfac_pytorch": foreign_status,
+        **parts,
+        "targets": TARGETS,
+        "wall_s": time.perf_counter() - started,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    _print(result)
+
+
+def _fmt(s: dict[str, float]) -> str:
+    return f"{s['median']:.2f}x (min {s['min']:.2f}, max {s['max']:.2f})"
+
+
+def _print(r: dict[str, Any]) -> None:
+    med = {k: statistics.median(v) * 1e3 for k, v in r["step_s"].items()}
+    print(
+        f"ResNet-32, batch {r['batch']}, {r['threads']} threads, {r['rounds']} rounds of "
+        f"{r['steps_10_100']} (10/100) and {r['steps_1_1']} (1/1) consecutive steps"
+    )
+    print(f"  SGD step                        {med['sgd']:8.1f} ms")
+    for mix in ("10_100", "1_1"):
+        label = "factors/10 eigen/100" if mix == "10_100" else "factors+eigen every step"
+        floor_ms = statistics.median(r["floor_s"][f"expand_{mix}"]) * 1e3
+        print(f"  {label}:")
+        expand = _fmt(r["ratio_vs_sgd"][f"expand_{mix}"])
+        print(f"    expand  {med[f'expand_{mix}']:8.1f} ms  vs SGD {expand}")
+        print(
+            f"            floor {floor_ms:8.1f} ms  measured/floor "
+            f"{_fmt(r['ratio_vs_floor'][f'expand_{mix}'])}  (target <= 1.10x)"
+        )
+        target = r["targets"][f"reduce_{mix}_vs_sgd"]
+        print(
+            f"    reduce  {med[f'reduce_{mix}']:8.1f} ms  vs SGD "
+            f"{_fmt(r['ratio_vs_sgd'][f'reduce_{mix}'])}  (target <= {target:.2f}x)"
+        )
+        if f"kfac_pytorch_{mix}" in med:
+            print(
+                f"    kfac_pytorch {med[f'kfac_pytorch_{mix}']:8.1f} ms  vs SGD "
+                f"{_fmt(r['ratio_vs_sgd'][f'kfac_pytorch_{mix}'])}"
+            )
+    print(f"  kfac_pytorch: {r['kfac_pytorch']}")
+    print(
+        f"  factors: {r['factor_gflop_executed']:.1f} GFLOP executed "
+        f"({r['factor_gflop_effective']:.1f} effective) in {r['factor_s'] * 1e3:.0f} ms: "
+        f"{r['factor_executed_gflops']:.1f} GFLOP/s executed, "
+        f"{r['factor_effective_gflops']:.1f} effective; torch.matmul {r['matmul_gflops']:.1f} "
+        f"GFLOP/s; executed/matmul {r['executed_vs_matmul']:.0%} (target >= 90%)"
+    )
+    print(f"  eigendecompositions of every factor: {r['eigh_all_s'] * 1e3:.0f} ms")
+    print(f"  wall {r['wall_s']:.0f} s; wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

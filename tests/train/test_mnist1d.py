@@ -1,0 +1,71 @@
+"""MNIST-1D (generated locally by the mnist1d package) and the 1-D CNN K-FAC fully
+preconditions."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from kfac_hpc import KFACPreconditioner
+from kfac_hpc.train.config import ConfigError, TrainConfig
+from kfac_hpc.train.data import load_data
+from kfac_hpc.train.models import build_model
+
+pytest.importorskip("mnist1d")
+
+
+def test_mnist1d_is_generated_deterministically_without_touching_global_rngs() -> None:
+    random.seed(5)
+    np.random.seed(5)
+    expected = (random.random(), np.random.rand())
+    random.seed(5)
+    np.random.seed(5)
+    a = load_data(TrainConfig(dataset="mnist1d", model="cnn1d", num_samples=200, seed=1))
+    assert (random.random(), np.random.rand()) == expected
+    b = load_data(TrainConfig(dataset="mnist1d", model="cnn1d", num_samples=200, seed=2))
+    assert (a.name, a.shape, a.num_classes) == ("mnist1d", (1, 40), 10)
+    assert (a.train_len, a.test_len) == (200, 50)
+    idx = torch.arange(50)
+    xa, ya = a.test(idx)
+    assert xa.shape == (50, 1, 40) and xa.dtype == torch.float32
+    assert torch.equal(xa, b.test(idx)[0]) and torch.equal(ya, b.test(idx)[1])
+    assert sorted(set(a.train(torch.arange(200))[1].tolist())) == list(range(10))
+
+
+def test_cnn1d_is_fully_preconditioned_and_learns_mnist1d() -> None:
+    """Every weight layer of the 1-D CNN is registered (3 Conv1d + 1 Linear); 60 K-FAC steps
+    on 1,000 generated sequences lift training accuracy well above chance (10 %)."""
+    source = load_data(TrainConfig(dataset="mnist1d", model="cnn1d", num_samples=1000))
+    torch.manual_seed(0)
+    model = build_model("cnn1d", source.shape, source.num_classes)
+    pre = KFACPreconditioner(model, lr=0.05, damping=0.003, inv_update_steps=5)
+    kinds = sorted(layer.kind for layer in pre.layers.values())
+    assert kinds == ["Conv1d", "Conv1d", "Conv1d", "Linear"]
+    weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    registered = {id(layer.weight) for layer in pre.layers.values()}
+    assert all(id(w) in registered for w in weights)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = source.train(torch.arange(1000))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        idx = torch.randint(0, 1000, (64,), generator=gen)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+        pre.step()
+        opt.step()
+    with torch.no_grad():
+        accuracy = (model(x).argmax(1) == y).float().mean().item()
+    assert accuracy > 0.4, accuracy
+
+
+@pytest.mark.parametrize(
+    ("dataset", "model"), [("mnist1d", "small_cnn"), ("digits", "cnn1d"), ("mnist1d", "resnet20")]
+)
+def test_model_and_dataset_must_fit(dataset: str, model: str) -> None:
+    with pytest.raises(ConfigError, match=r"model: .* does not fit dataset"):
+        TrainConfig(dataset=dataset, model=model).validate()
+    TrainConfig(dataset=dataset, model="mlp").validate()
