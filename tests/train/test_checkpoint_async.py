@@ -12,7 +12,7 @@ import pytest
 
 from kfac_hpc.checkpoint import read_checkpoint
 from kfac_hpc.checkpoint.files import read_latest
-from kfac_hpc.train.rundir import validate_run_dir
+from kfac_hpc.contracts import validate_run_dir
 
 from .conftest import clean_env, explain, read_json, run_plain, run_ranks, train_cmd
 
