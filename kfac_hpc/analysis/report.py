@@ -71,7 +71,7 @@ TIME_TABLE = (
     NODES,
     Column("target_reached", "reached"),
     Column("time_to_target_s_median", "time to target", "time"),
-    Column("kfac_speedup", "K-FAC speedup", "ratio"),
+    Column("kfac_speedup", "speedup vs first order", "ratio"),
     Column("final_accuracy_median", "final accuracy", "accuracy"),
 )
 STEP_TABLE = (

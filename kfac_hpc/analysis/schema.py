@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kfac_hpc.contracts.phases import COMM_PHASES, PHASES
+from kfac_hpc.contracts.phases import COMM_PHASES
+from kfac_hpc.contracts.phases import REPORTED_PHASES as PHASES
 from kfac_hpc.contracts.rundir import SCHEMA_VERSION
 from kfac_hpc.contracts.states import PointState
 

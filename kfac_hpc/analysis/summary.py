@@ -56,22 +56,33 @@ def _best_per_node_count(scaling: list[Row], label: dict[str, str]) -> str | Non
     return "Highest throughput: " + "; ".join(parts) + "."
 
 
-def _kfac_vs_first_order(scaling: list[Row], runs: list[Row]) -> str | None:
-    kfac = [r for r in scaling if "+kfac" in str(r["optimizer_label"])]
-    if not kfac:
+_METHOD_NAMES = {"kfac": "K-FAC", "fosi": "FOSI"}
+
+
+def _methods_vs_first_order(scaling: list[Row], runs: list[Row]) -> list[str | None]:
+    """One sentence per method (K-FAC, FOSI) found: its time to target over first order."""
+    methods = sorted({str(r["optimizer_label"]).split("+", 1)[1] for r in scaling
+                      if "+" in str(r["optimizer_label"])})  # fmt: skip
+    return [_method_vs_first_order(m, scaling, runs) for m in methods]
+
+
+def _method_vs_first_order(method: str, scaling: list[Row], runs: list[Row]) -> str | None:
+    name = _METHOD_NAMES.get(method, method)
+    rows = [r for r in scaling if str(r["optimizer_label"]).endswith(f"+{method}")]
+    if not rows:
         return None
     if all(r.get("target_accuracy") is None for r in runs):
         return (
-            "K-FAC and first-order time to target are not compared: no target accuracy was set "
-            "(pass --target-accuracy)."
+            f"{name} and first-order time to target are not compared: no target accuracy was "
+            "set (pass --target-accuracy)."
         )
     ratios = sorted(
-        (r for r in kfac if r.get("kfac_vs_first_order_tts_ratio")), key=lambda r: r["nodes"]
+        (r for r in rows if r.get("kfac_vs_first_order_tts_ratio")), key=lambda r: r["nodes"]
     )
     if not ratios:
         return (
-            "K-FAC and first-order time to target are not compared: at no node count did both "
-            "reach the target accuracy."
+            f"{name} and first-order time to target are not compared: at no node count did "
+            "both reach the target accuracy."
         )
     first = str(ratios[0]["optimizer_label"]).split("+")[0].upper()
     faster = [r for r in ratios if r["kfac_vs_first_order_tts_ratio"] <= 1]
@@ -82,8 +93,8 @@ def _kfac_vs_first_order(scaling: list[Row], runs: list[Row]) -> str | None:
         if rows
     ]
     return (
-        f"K-FAC reaches the target accuracy {' and '.join(parts)} than {first} "
-        "(first-order time over K-FAC time)."
+        f"{name} reaches the target accuracy {' and '.join(parts)} than {first} "
+        f"(first-order time over {name} time)."
     )
 
 
@@ -157,7 +168,7 @@ def summary_sentences(scaling: list[Row], runs: list[Row]) -> list[str]:
     label = short_labels(sorted({r["group"] for r in scaling}))
     found = [
         _best_per_node_count(scaling, label),
-        _kfac_vs_first_order(scaling, runs),
+        *_methods_vs_first_order(scaling, runs),
         _efficiency(scaling, label),
         _stragglers(scaling, label),
     ]

@@ -14,6 +14,7 @@ from kfac_hpc.analysis import schema
 from kfac_hpc.analysis.aggregate import float_list, number
 from kfac_hpc.analysis.rundir import RunData
 from kfac_hpc.analysis.stats import percentile, ratio, relative_spread
+from kfac_hpc.contracts.options import FIRST_ORDER, METHOD_SWITCHES
 
 Row = dict[str, Any]
 
@@ -41,6 +42,7 @@ RUN_COLUMNS: tuple[str, ...] = (
     "group",
     "first_order_group",
     "optimizer_label",
+    "method",
     *IDENTITY,
     "nodes",
     "world_size",
@@ -104,15 +106,40 @@ SEGMENT_COLUMNS: tuple[str, ...] = (
 )
 
 
+def run_method(run: RunData) -> str:
+    """The training method of a run: run.json's ``method``, else the switch its config turns
+    on (``kfac``, ``fosi``), else ``first_order``."""
+    method = run.summary.get("method")
+    if isinstance(method, str):
+        return method
+    for switch, name in METHOD_SWITCHES.items():
+        if run.value(switch) is True:
+            return name
+    return FIRST_ORDER
+
+
 def optimizer_label(run: RunData) -> str:
-    """``sgd`` or ``sgd+kfac``: the first-order optimizer, preconditioned or not."""
+    """``sgd``, ``sgd+kfac`` or ``sgd+fosi``: the first-order optimizer and the method around
+    it."""
     base = str(run.value("optimizer") or "unknown")
-    return f"{base}+kfac" if run.value("kfac") is True else base
+    method = run_method(run)
+    return base if method == FIRST_ORDER else f"{base}+{method}"
 
 
-# Parameter names that belong to the optimizer: dropped when matching a K-FAC configuration
+# Parameter names that belong to a method: dropped when matching a K-FAC or FOSI configuration
 # with its first-order baseline.
-_OPTIMIZER_WORDS = ("kfac", "factor", "inv", "damping", "grad_worker", "precondition")
+_OPTIMIZER_WORDS = (
+    *METHOD_SWITCHES,
+    "factor",
+    "inv",
+    "damping",
+    "grad_worker",
+    "precondition",
+    "ese",
+    "lanczos",
+    "curvature",
+    "staleness",
+)
 
 
 def batch_size(run: RunData, key: str) -> Any:
@@ -147,11 +174,12 @@ def group_label(run: RunData, varying: frozenset[str], *, first_order: bool = Fa
     """
     scaling = str(run.value("scaling") or "strong")
     batch_key = "per_rank_batch_size" if scaling == "weak" else "global_batch_size"
-    kfac = run.value("kfac") is True and not first_order
+    method = FIRST_ORDER if first_order else run_method(run)
+    kfac = method == "kfac"
     parts = [
         str(run.value("model") or "?"),
         str(run.value("dataset") or "?"),
-        optimizer_label(run) if kfac else str(run.value("optimizer") or "unknown"),
+        optimizer_label(run) if method != FIRST_ORDER else str(run.value("optimizer") or "unknown"),
         scaling,
         f"bs={batch_size(run, batch_key)}",
     ]
@@ -282,6 +310,7 @@ def run_row(
         "group": group_label(run, varying),
         "first_order_group": group_label(run, varying, first_order=True),
         "optimizer_label": optimizer_label(run),
+        "method": run_method(run),
         **{key: run.value(key) for key in IDENTITY},
         "nodes": run.value("nodes"),
         "world_size": world_size,

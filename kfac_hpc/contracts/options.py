@@ -10,13 +10,20 @@ A method's options are one block (``KFAC_OPTIONS`` below); a new method adds its
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
+
+from kfac_hpc.contracts.errors import InputError
 
 __all__ = [
     "ALIASES",
+    "FIRST_ORDER",
     "KINDS",
+    "METHOD_SWITCHES",
     "OPTIONS",
     "Option",
+    "method_of",
+    "resolve_switches",
 ]
 
 # Value kinds: scalars, or a tuple of them (given as a list, or a comma-separated string).
@@ -61,6 +68,10 @@ def _k(name: str, kind: str, default: Any, help: str, **meta: Any) -> Option:
     return Option(name, kind, default, f"K-FAC: {help}", method="kfac", **meta)
 
 
+def _f(name: str, kind: str, default: Any, help: str, **meta: Any) -> Option:
+    return Option(name, kind, default, f"FOSI: {help}", method="fosi", **meta)
+
+
 MODELS = ("small_cnn", "mlp", "resnet20", "resnet32", "resnet56", "resnet50", "cnn1d")
 DATASETS = (
     "digits",
@@ -76,6 +87,7 @@ SCALINGS = ("strong", "weak")
 DIST_BACKENDS = ("auto", "gloo", "nccl")
 COMPUTE_METHODS = ("eigen", "inverse")
 KFAC_APPROXES = ("expand", "reduce")
+HVP_MODES = ("auto", "forward-over-reverse", "double-backward")
 ASSIGNMENT_STRATEGIES = ("compute", "memory")
 
 COMMON_OPTIONS: tuple[Option, ...] = (
@@ -125,6 +137,14 @@ COMMON_OPTIONS: tuple[Option, ...] = (
     ),
     _o("lr_decay_factor", "float", 0.1, "factor of the 'step' schedule", check="positive"),
     _o("kfac", "bool", True, "precondition gradients with K-FAC", axis=True),
+    _o(
+        "fosi",
+        "bool",
+        False,
+        "FOSI/DHO2 around the first-order optimizer (turns K-FAC off unless --kfac is given, "
+        "which is an error)",
+        axis=True,
+    ),
 )
 KFAC_OPTIONS: tuple[Option, ...] = (
     _k(
@@ -195,6 +215,56 @@ KFAC_OPTIONS: tuple[Option, ...] = (
         "expand",
         "weight sharing as one row per location (expand) or per sample (reduce)",
         choices=KFAC_APPROXES,
+    ),
+)
+FOSI_OPTIONS: tuple[Option, ...] = (
+    _f("fosi_k", "int", 10, "largest Hessian eigenpairs k", check="nonnegative", axis=True),
+    _f("fosi_l", "int", 0, "smallest Hessian eigenpairs l", check="nonnegative"),
+    _f("fosi_alpha", "float", 0.01, "Newton step size in the subspace", check="positive", axis=True),
+    _f(
+        "fosi_momentum",
+        "float",
+        0.9,
+        "EMA factor of the subspace velocity",
+        check="decay",
+    ),
+    _f(
+        "ese_every",
+        "int",
+        100,
+        "steps between extreme-spectrum estimations (ESE)",
+        unit="steps",
+        check="positive",
+        axis=True,
+    ),
+    _f("fosi_warmup", "int", 20, "step of the first ESE", unit="steps", check="nonnegative"),
+    _f(
+        "lanczos_iters",
+        "int",
+        None,
+        "Lanczos steps per ESE (default 4(k + l); >= k + l)",
+        unit="steps",
+        check="positive",
+        optional=True,
+    ),
+    _f("fosi_clip", "float", 3.0, "upper bound of the base-update scale (>= 1)", check="positive"),
+    _f("fosi_hvp", "str", "auto", "Hessian-vector products by", choices=HVP_MODES),
+    _f(
+        "curvature_ranks",
+        "int",
+        0,
+        "ranks given to ESE only, pipelined with training (0: none; < world size)",
+        unit="ranks",
+        check="nonnegative",
+        axis=True,
+    ),
+    _f(
+        "max_staleness",
+        "int",
+        0,
+        "steps a pipelined ESE may lag before training waits for it (< --ese-every)",
+        unit="steps",
+        check="nonnegative",
     ),
 )
 RUN_OPTIONS: tuple[Option, ...] = (
@@ -344,7 +414,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
     ),
 )
 # Method blocks, in the order their options are listed; a new method appends its block here.
-METHOD_BLOCKS: tuple[tuple[Option, ...], ...] = (KFAC_OPTIONS,)
+METHOD_BLOCKS: tuple[tuple[Option, ...], ...] = (KFAC_OPTIONS, FOSI_OPTIONS)
 OPTIONS: dict[str, Option] = {
     o.name: o for block in (COMMON_OPTIONS, *METHOD_BLOCKS, RUN_OPTIONS) for o in block
 }
@@ -361,3 +431,26 @@ ALIASES: dict[str, tuple[tuple[str, ...], str]] = {
         "checkpoint every N steps (an integer) or every duration (10m, 1h)",
     ),
 }
+
+# The method a run trains with: the one switch (a bool option) that is on, else FIRST_ORDER.
+FIRST_ORDER = "first_order"
+METHOD_SWITCHES: dict[str, str] = {"kfac": "kfac", "fosi": "fosi"}  # switch option -> method
+
+
+def resolve_switches(given: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` (the options set explicitly) with every switch that was not given turned off
+    when another switch was turned on: ``--fosi`` alone means K-FAC off (its default is on)."""
+    on = [s for s in METHOD_SWITCHES if given.get(s) is True]
+    if not on:
+        return dict(given)
+    return {**{s: False for s in METHOD_SWITCHES if s not in given}, **given}
+
+
+def method_of(values: Mapping[str, Any]) -> str:
+    """The method of a resolved set of values (defaults fill the rest); InputError naming the
+    second switch when two are on."""
+    on = [s for s in METHOD_SWITCHES if values.get(s, OPTIONS[s].default) is True]
+    if len(on) > 1:
+        flags = " and ".join(OPTIONS[s].flag for s in on)
+        raise InputError(on[1], f"{flags} are different methods; choose one")
+    return METHOD_SWITCHES[on[0]] if on else FIRST_ORDER

@@ -3,7 +3,7 @@ collector (no imports, so every layer may use it)."""
 
 from __future__ import annotations
 
-__all__ = ["COMM_PHASES", "KFAC_PHASES", "PHASES"]
+__all__ = ["COMM_PHASES", "FOSI_PHASES", "KFAC_PHASES", "PHASES", "REPORTED_PHASES"]
 
 # Every phase of a training step, in contract order (seconds per step).
 PHASES: tuple[str, ...] = (
@@ -24,3 +24,7 @@ PHASES: tuple[str, ...] = (
 KFAC_PHASES: tuple[str, ...] = PHASES[3:9]
 # Phases that are communication; their share of a step is the communication fraction.
 COMM_PHASES: tuple[str, ...] = ("factor_comm", "inverse_comm", "grad_broadcast", "grad_allreduce")
+# FOSI's own phase: the extreme-spectrum estimation (Lanczos on Hessian-vector products).
+FOSI_PHASES: tuple[str, ...] = ("ese",)
+# The phases the collector and report show: the contract's and the methods' own.
+REPORTED_PHASES: tuple[str, ...] = PHASES + FOSI_PHASES

@@ -22,7 +22,7 @@ from typing import Any
 from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.grad_workers import check_grad_worker_fraction
 from kfac_hpc.contracts.option_values import check_value, coerce_value, expand_aliases
-from kfac_hpc.contracts.options import ALIASES, OPTIONS, Option
+from kfac_hpc.contracts.options import ALIASES, OPTIONS, Option, method_of, resolve_switches
 from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.safety import check_identifier, check_line, check_slurm_time
 
@@ -50,8 +50,9 @@ TRAIN_SETTINGS: dict[str, Option | None] = {
     **{alias: None for alias in ALIASES},
     **{o.name: o for o in OPTIONS.values() if o.sweep and not o.axis and o.name not in _ALIASED},
 }
-# Axes that mean nothing without K-FAC: dropped from non-K-FAC points so they are not duplicated.
-KFAC_ONLY_AXES = tuple(name for name, o in AXES.items() if o.method == "kfac")
+# Axes of one method (K-FAC, FOSI): dropped from points of another method so they are not
+# duplicated.
+METHOD_AXES = {name: o.method for name, o in AXES.items() if o.method != "common"}
 _TOP_FIELDS: dict[str, type] = {
     "name": str,
     "nodes": list,
@@ -305,15 +306,21 @@ def _train_settings(raw: Mapping[str, Any], scalar: Any) -> TrainSettings:
 
 
 def expand_points(spec: SweepSpec) -> list[Point]:
-    """Every combination of nodes × axes × repeats, in a stable order, K-FAC-only axes dropped
-    from points without K-FAC (so they are not run several times)."""
+    """Every combination of nodes × axes × repeats, in a stable order. A combination that turns
+    two methods on (``kfac`` and ``fosi`` both true) is no point; a method's own axes are
+    dropped from points of another method (so they are not run several times)."""
     names = list(spec.axes)
     points: dict[str, Point] = {}
     for nodes in spec.nodes:
         for combo in itertools.product(*(spec.axes[n] for n in names)):
             values = dict(zip(names, combo, strict=True))
-            if values.get("kfac") is False:
-                for name in KFAC_ONLY_AXES:
+            given = resolve_switches({**spec.train.values, **values})
+            try:
+                method = method_of(given)
+            except InputError:
+                continue
+            for name, owner in METHOD_AXES.items():
+                if owner != method:
                     values.pop(name, None)
             for repeat in range(spec.repeats):
                 params: dict[str, Any] = {

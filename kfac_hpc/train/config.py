@@ -26,7 +26,7 @@ from kfac_hpc.contracts.durations import parse_duration_s
 from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.grad_workers import check_grad_worker_fraction, parse_grad_worker_fraction
 from kfac_hpc.contracts.option_values import check_value, coerce_value, expand_aliases
-from kfac_hpc.contracts.options import OPTIONS
+from kfac_hpc.contracts.options import OPTIONS, method_of, resolve_switches
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -93,6 +93,12 @@ class TrainConfig:
                 f"{self.model!r} does not fit dataset {self.dataset!r}: use cnn1d or mlp for "
                 "the mnist1d sequences, an image model for the image datasets",
             )
+        try:
+            method_of(self.to_dict())
+        except InputError as exc:
+            raise ConfigError(exc.field, exc.reason) from None
+        if self.fosi:
+            self._validate_fosi()
         if self.stop_at_target and self.target_accuracy is None:
             raise ConfigError("stop_at_target", "needs --target-accuracy")
         if self.dataset in ("cifar10", "imagefolder"):
@@ -108,6 +114,51 @@ class TrainConfig:
             raise ConfigError(
                 "init_factors", f"{self.init_factors!r} is not a file; give a checkpoint .h5 file"
             )
+
+    def _validate_fosi(self) -> None:
+        """The FOSI options that depend on each other (docs/fosi.md, "Options")."""
+        pairs = self.fosi_k + self.fosi_l
+        if pairs < 1:
+            raise ConfigError("fosi_k", "k + l must be >= 1; give --fosi-k 1 or more")
+        if self.lanczos_iters is not None and self.lanczos_iters < pairs:
+            raise ConfigError("lanczos_iters", f"must be >= k + l = {pairs}, or left out")
+        if self.fosi_clip < 1:
+            raise ConfigError("fosi_clip", f"{self.fosi_clip} must be >= 1")
+        if self.max_staleness >= self.ese_every:
+            raise ConfigError(
+                "max_staleness", f"{self.max_staleness} must be < --ese-every {self.ese_every}"
+            )
+
+    @property
+    def method(self) -> str:
+        """The training method the switches select (``first_order``, ``kfac``, ``fosi``)."""
+        return method_of(self.to_dict())
+
+    def check_world_size(self, world_size: int) -> None:
+        """ConfigError for settings that do not fit ``world_size`` ranks (beyond the batch)."""
+        if self.fosi and self.curvature_ranks and not self.curvature_ranks < world_size:
+            raise ConfigError(
+                "curvature_ranks",
+                f"{self.curvature_ranks} curvature ranks leave no training rank of {world_size}; "
+                "use fewer (or 0) or more ranks",
+            )
+
+    def fosi_options(self) -> dict[str, Any]:
+        """The FOSI keyword arguments, by ``kfac_hpc.FOSI``'s names."""
+        return {
+            "k": self.fosi_k,
+            "l": self.fosi_l,
+            "alpha": self.fosi_alpha,
+            "ese_every": self.ese_every,
+            "warmup": self.fosi_warmup,
+            "lanczos_iters": self.lanczos_iters,
+            "clip": self.fosi_clip,
+            "momentum": self.fosi_momentum,
+            "hvp": self.fosi_hvp,
+            "seed": self.seed,
+            "curvature_ranks": self.curvature_ranks,
+            "max_staleness": self.max_staleness,
+        }
 
     def batch_sizes(self, world_size: int) -> BatchSizes:
         """The global and per-rank batch at ``world_size`` ranks; ConfigError if they don't
@@ -194,7 +245,7 @@ def load_config(path: str | Path | None, overrides: Mapping[str, Any]) -> TrainC
             hint = difflib.get_close_matches(unknown[0], list(OPTIONS), n=1)
             fix = f"did you mean {hint[0]!r}?" if hint else f"valid keys: {', '.join(OPTIONS)}"
             raise ConfigError(unknown[0], f"unknown setting; {fix}")
-        values = {k: coerce_value(OPTIONS[k], v) for k, v in raw.items()}
+        values = resolve_switches({k: coerce_value(OPTIONS[k], v) for k, v in raw.items()})
     except InputError as exc:
         raise ConfigError(exc.field, exc.reason) from None
     config = TrainConfig(**values)

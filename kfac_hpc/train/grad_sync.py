@@ -21,17 +21,23 @@ class GradientAllreduce:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.world_size = world_size
 
-    def __call__(self, flags: list[float]) -> list[float]:
-        """Average gradients in place; return the flags summed over ranks."""
+    def __call__(
+        self, flags: list[float], counted: tuple[bool, int] | None = None
+    ) -> list[float]:
+        """Average gradients in place; return the flags summed over ranks. ``counted``: (this
+        rank's gradient counts, how many ranks' do) when not every rank's gradient is averaged."""
         if self.world_size == 1:
             return flags
+        mine, divisor = counted if counted is not None else (True, self.world_size)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        if not mine:
+            grads = [torch.zeros_like(g) for g in grads]
         device = grads[0].device
         extra = torch.tensor(flags, dtype=grads[0].dtype, device=device)
         flat = torch.cat([g.reshape(-1) for g in grads] + [extra])
         dist.all_reduce(flat)
         summed_flags = flat[-len(flags) :].tolist() if flags else []
-        flat.div_(self.world_size)
+        flat.div_(divisor)
         offset = 0
         for p, g in zip(self.params, grads, strict=True):
             n = g.numel()

@@ -119,7 +119,7 @@ class Job:
         restored = restore_training_state(
             checkpoint,
             model=self.model,
-            optimizer=self.method.optimizer,
+            optimizer=self.method.checkpointed_optimizer,
             preconditioner=state,
             rank=self.rank,
             world_size=self.world_size,
@@ -144,6 +144,7 @@ class Job:
     # ----------------------------------------------------------------- evaluation
     def evaluate(self, step: int) -> float:
         """Test accuracy over every rank's share of the test set; rank 0 records it."""
+        self.method.synchronize()
         self._average_buffers()
         loss, accuracy = evaluate(self.model, self.batches, self.ctx.device, self.world_size)
         if self.rank == 0:
@@ -163,12 +164,13 @@ class Job:
 
     # ----------------------------------------------------------------- checkpoints
     def save(self, step: int) -> None:
+        self.method.synchronize()
         self._average_buffers()
         epoch, index = divmod(step, self.steps_per_epoch)
         state = capture_training_state(
             step=step,
             model=self.model,
-            optimizer=self.method.optimizer,
+            optimizer=self.method.checkpointed_optimizer,
             preconditioner=self.method.state,
             data_position=DataPosition(epoch, index, self.config.seed),
             config=self.config.to_dict(),

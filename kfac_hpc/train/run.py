@@ -55,6 +55,7 @@ def _prepare_run_dir(config: TrainConfig, run_dir: RunDir, ctx: DistributedConte
 def _check_inputs(config: TrainConfig, ctx: DistributedContext) -> DataSource:
     """Input problems only the launched job can see, as ConfigError (exit 2, nothing written)."""
     sizes = config.batch_sizes(ctx.world_size)
+    config.check_world_size(ctx.world_size)
     workers = config.grad_worker_share(ctx.world_size) * ctx.world_size
     if abs(workers - round(workers)) > 1e-9 or ctx.world_size % max(1, round(workers)):
         raise ConfigError(

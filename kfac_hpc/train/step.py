@@ -55,7 +55,7 @@ class TrainStep:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         timer.lap("backward")
-        flags = self.grad_sync(flags)
+        flags = self.grad_sync(flags, self.method.gradient_ranks)
         timer.lap("grad_allreduce")
         for group in optimizer.param_groups:
             group["lr"] = lr

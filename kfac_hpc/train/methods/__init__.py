@@ -1,6 +1,6 @@
 """Training methods of the job: the interface, the registry and the built-in methods."""
 
-from kfac_hpc.train.methods import first_order, kfac
+from kfac_hpc.train.methods import first_order, fosi, kfac
 from kfac_hpc.train.methods.base import CurvatureLoss, Method, MethodSetup
 from kfac_hpc.train.methods.registry import (
     MethodFactory,
@@ -17,6 +17,7 @@ __all__ = [
     "MethodSetup",
     "build_method",
     "first_order",
+    "fosi",
     "kfac",
     "method_name",
     "register",

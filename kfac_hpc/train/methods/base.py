@@ -63,6 +63,22 @@ class Method(ABC):
         return None
 
     @property
+    def checkpointed_optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer whose ``state_dict()`` the job checkpoints as state shared by every
+        rank; None when ``state`` holds it (a sharded optimizer that re-shards itself)."""
+        return self.optimizer
+
+    @property
+    def gradient_ranks(self) -> tuple[bool, int] | None:
+        """(this rank's gradient counts, ranks whose gradients are averaged) for a method that
+        leaves some ranks out of the gradient average; None: every rank counts."""
+        return None
+
+    def synchronize(self) -> None:
+        """Make every rank's model the training model before an evaluation or a checkpoint
+        (collective; for methods whose ranks may hold other parameters)."""
+
+    @property
     def strategy(self) -> str | None:
         """How the method spreads its work over ranks, recorded in checkpoints (None: n/a)."""
         return None

@@ -26,8 +26,9 @@ def registered() -> tuple[str, ...]:
 
 
 def method_name(config: TrainConfig) -> str:
-    """The method a config asks for."""
-    return "kfac" if config.kfac else "first_order"
+    """The method a config asks for: its switches (``--kfac``, ``--fosi``), one contract in
+    :func:`kfac_hpc.contracts.options.method_of`."""
+    return str(config.method)
 
 
 def build_method(name: str, setup: MethodSetup) -> Method:

@@ -1,0 +1,138 @@
+"""FOSI / DHO2 around the job's first-order optimizer (docs/fosi.md).
+
+The job has already averaged the gradients, so FOSI takes them as they are
+(``average_gradients=False``) and keeps its vectors and base state sharded over parameter
+coordinates. Its checkpoint state is the whole state gathered over coordinates
+(``full_state_dict``), so a run saved at P ranks resumes at any P'. With ``curvature_ranks``
+the last ranks compute ESEs only: their gradients are left out of the average, and before an
+evaluation or a checkpoint every rank takes training rank 0's model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+from kfac_hpc.contracts.phases import FOSI_PHASES
+from kfac_hpc.method_state import MethodState, SavedState, UnitShapes
+from kfac_hpc.optim.fosi import FOSI
+from kfac_hpc.train.config import ConfigError
+from kfac_hpc.train.methods.base import CurvatureLoss, Method, MethodSetup
+from kfac_hpc.train.methods.registry import register
+from kfac_hpc.train.optimizers import make_optimizer
+from kfac_hpc.train.timing import PhaseTimer
+
+__all__ = ["FOSIMethod", "FOSIState"]
+
+
+class FOSIState:
+    """FOSI's checkpoint state: the whole state (every vector over all coordinates), shared."""
+
+    label = "FOSI"
+    state_group = "fosi_state"
+    shard_group = "fosi_shard"
+
+    def __init__(self, optimizer: FOSI) -> None:
+        self.optimizer = optimizer
+
+    def checkpoint_state(self, include_shard: bool = True) -> MethodState:
+        """Collective: gathers V, the velocity and the base state over coordinates."""
+        return MethodState(self.optimizer.full_state_dict(), strategy=self.strategy)
+
+    @property
+    def strategy(self) -> str:
+        return f"coordinates/{self.optimizer.shard.world}"
+
+    def expected_shapes(self) -> UnitShapes:
+        # load_full_state_dict checks the parameter shapes itself (the state is not per layer)
+        return UnitShapes(path=("by_layer",), shapes={})
+
+    def load_checkpoint_state(self, saved: SavedState) -> None:
+        try:
+            self.optimizer.load_full_state_dict(saved.shared)
+        except ValueError as exc:
+            raise ConfigError("resume_from", f"the checkpoint's FOSI state does not fit: {exc}")
+
+    def warm_start(self, saved: SavedState) -> int:
+        raise ConfigError("init_factors", "FOSI has no K-FAC factors to start from; leave it out")
+
+
+class FOSIMethod(Method):
+    """``kfac_hpc.FOSI`` with the job's optimizer as its base; phases ``ese`` and ``optimizer``."""
+
+    name = "fosi"
+    phases = (*FOSI_PHASES, "optimizer")
+
+    def __init__(self, setup: MethodSetup) -> None:
+        base = make_optimizer(setup.config, setup.model)
+        try:
+            fosi = FOSI(
+                setup.model.parameters(),
+                base,
+                model=setup.model,
+                average_gradients=False,  # the job's gradient allreduce did it
+                **setup.config.fosi_options(),
+            )
+        except ValueError as exc:
+            raise ConfigError("fosi", str(exc)) from None
+        super().__init__(fosi)
+        self.fosi = fosi
+        self._state = FOSIState(fosi)
+        self.ese_s: list[float] = []  # seconds of every ESE this rank ran (this attempt)
+
+    def step(self, timer: PhaseTimer, curvature_loss: CurvatureLoss) -> None:
+        self.fosi.last_ese_s = 0.0
+        self.fosi.step(curvature_loss)
+        ese_s = self.fosi.last_ese_s
+        if ese_s:  # the ESE ran inside the step: move its seconds from "optimizer" to "ese"
+            self.ese_s.append(ese_s)
+            timer.add({"ese": ese_s, "optimizer": -ese_s})
+        timer.lap("optimizer")
+
+    @property
+    def checkpointed_optimizer(self) -> None:
+        return None  # FOSIState holds the base state, re-shardable
+
+    @property
+    def state(self) -> FOSIState:
+        return self._state
+
+    @property
+    def strategy(self) -> str:
+        return self._state.strategy
+
+    @property
+    def gradient_ranks(self) -> tuple[bool, int] | None:
+        pipeline = self.fosi.pipeline
+        if pipeline is None:
+            return None
+        return (not pipeline.is_curvature, pipeline.trainers)
+
+    def synchronize(self) -> None:
+        if self.fosi.pipeline is None:
+            return
+        model = self.fosi.model
+        assert model is not None
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor.data, src=0)
+
+    def run_facts(self) -> dict[str, Any]:
+        fosi = self.fosi
+        memory = fosi.memory_usage()
+        return {
+            "kfac": False,
+            "grad_worker_fraction": 1.0,  # no K-FAC work to divide
+            "fosi": True,
+            "fosi_eigenvalues": [float(x) for x in fosi.eigenvalues],
+            "ese_count": fosi.ese_count,
+            "ese_s": list(self.ese_s),
+            "ese_staleness_steps": list(fosi.staleness),
+            "ese_staleness_max": max(fosi.staleness, default=0),
+            "hvp_mode_used": fosi.hvp_mode_used,
+            "curvature_ranks": 0 if fosi.pipeline is None else fosi.pipeline.curvers,
+            "fosi_memory_bytes": memory,
+        }
+
+
+register(FOSIMethod.name, FOSIMethod)
