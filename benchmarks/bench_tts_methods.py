@@ -116,7 +116,8 @@ def report(
 ) -> list[dict[str, Any]]:
     """Print the table (one line per P and method) and return its rows."""
     print(f"time to {target:.0%} test accuracy, median (min..max) over rounds")
-    print(" P  method           lr      tts s, median (min..max)   steps  vs SGD  ESE share  RSS MiB")
+    print(" P  method           lr      tts s, median (min..max)   steps  vs SGD  ESE share"
+          "  RSS MiB")  # fmt: skip
     rows, sgd = [], {}
     for (p, m), runs in results.items():
         times = [r["tts_s"] for r in runs if r["tts_s"] is not None]
@@ -138,8 +139,10 @@ def report(
             "rss_mib": max(r["rss_mib"] for r in runs),
         }
         rows.append(row)
-        tts = "not reached " + row["reached"] if med is None else (
-            f"{med:6.2f} ({row['tts_min_s']:.2f}..{row['tts_max_s']:.2f})"
+        tts = (
+            "not reached " + row["reached"]
+            if med is None
+            else (f"{med:6.2f} ({row['tts_min_s']:.2f}..{row['tts_max_s']:.2f})")
         )
         print(f"{p:2d}  {m:15s}  {lrs[m]:<6g}  {tts:26s}  {row['steps_median']:5g}  "
               f"{'' if ratio is None else f'{ratio:.2f}x':>6s}  {row['ese_share']:8.1%}  "

@@ -9,8 +9,8 @@ A method's options are one block (``KFAC_OPTIONS`` below); a new method adds its
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kfac_hpc.contracts.errors import InputError
@@ -220,7 +220,14 @@ KFAC_OPTIONS: tuple[Option, ...] = (
 FOSI_OPTIONS: tuple[Option, ...] = (
     _f("fosi_k", "int", 10, "largest Hessian eigenpairs k", check="nonnegative", axis=True),
     _f("fosi_l", "int", 0, "smallest Hessian eigenpairs l", check="nonnegative"),
-    _f("fosi_alpha", "float", 0.01, "Newton step size in the subspace", check="positive", axis=True),
+    _f(
+        "fosi_alpha",
+        "float",
+        0.01,
+        "Newton step size in the subspace",
+        check="positive",
+        axis=True,
+    ),
     _f(
         "fosi_momentum",
         "float",

@@ -21,9 +21,7 @@ class GradientAllreduce:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.world_size = world_size
 
-    def __call__(
-        self, flags: list[float], counted: tuple[bool, int] | None = None
-    ) -> list[float]:
+    def __call__(self, flags: list[float], counted: tuple[bool, int] | None = None) -> list[float]:
         """Average gradients in place; return the flags summed over ranks. ``counted``: (this
         rank's gradient counts, how many ranks' do) when not every rank's gradient is averaged."""
         if self.world_size == 1:

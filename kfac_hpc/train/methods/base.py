@@ -77,6 +77,7 @@ class Method(ABC):
     def synchronize(self) -> None:
         """Make every rank's model the training model before an evaluation or a checkpoint
         (collective; for methods whose ranks may hold other parameters)."""
+        return None
 
     @property
     def strategy(self) -> str | None:

@@ -52,7 +52,8 @@ class FOSIState:
         try:
             self.optimizer.load_full_state_dict(saved.shared)
         except ValueError as exc:
-            raise ConfigError("resume_from", f"the checkpoint's FOSI state does not fit: {exc}")
+            message = f"the checkpoint's FOSI state does not fit: {exc}"
+            raise ConfigError("resume_from", message) from None
 
     def warm_start(self, saved: SavedState) -> int:
         raise ConfigError("init_factors", "FOSI has no K-FAC factors to start from; leave it out")
