@@ -39,12 +39,16 @@ def test_train_flags_and_sweep_settings_cover_the_same_options():
 
 @pytest.mark.parametrize("name", [n for n, o in OPTIONS.items() if o.sweep and o.default])
 def test_a_value_the_sweep_accepts_is_the_value_train_reads(name):
-    """Each option's default, given to the sweep as text, reaches the job unchanged."""
-    default = OPTIONS[name].default
+    """Each option's default, given to the sweep as text, reaches the job unchanged (a method's
+    option with that method switched on: other methods' points drop its axes)."""
+    option = OPTIONS[name]
+    default = option.default
     text = ",".join(map(str, default)) if isinstance(default, tuple) else str(default)
-    points = expand_points(load_spec(None, {"nodes": "1", name: text}))
+    switch = {} if option.method == "common" else {option.method: "true"}
+    points = expand_points(load_spec(None, {"nodes": "1", name: text, **switch}))
     value = points[0].params[name]
-    assert load_config(None, {name: value}) == load_config(None, {})
+    base = {} if option.method == "common" else {option.method: True}
+    assert load_config(None, {name: value, **base}) == load_config(None, base)
 
 
 def test_checkpoint_every_takes_steps_or_a_duration_in_the_sweep_as_in_train():
