@@ -104,7 +104,9 @@ def main() -> None:
         results: dict[tuple[int, str], list[dict[str, Any]]] = {c: [] for c in cells}
         for round_ in range(args.rounds):
             for p, m in cells:
-                results[(p, m)].append(run(p, m, lrs[m], args.target, work))
+                r = run(p, m, lrs[m], args.target, work)
+                results[(p, m)].append(r)
+                print(f"  P={p} {m:15s} steps={r['steps']} tts={r['tts_s']}", flush=True)
             print(f"  round {round_ + 1}/{args.rounds} done", flush=True)
     rows = report(results, lrs, args.target)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
