@@ -197,3 +197,21 @@ def test_usr2_on_one_rank_exits_75_and_resumes_to_the_uninterrupted_result(tmp_p
     for key, tensor in model_a.items():
         assert torch.equal(tensor, model_b[key]), key
     assert torch.equal(_fosi_state(straight)["eigenvectors"], _fosi_state(run)["eigenvectors"])
+
+
+@pytest.mark.mpi
+def test_curvature_ranks_compute_ese_beside_training_within_the_staleness_bound(tmp_path):
+    run = tmp_path / "run"
+    args = ["--batch-size", "66", "--steps", "44", "--ese-every", "10"]
+    args += ["--curvature-ranks", "1", "--max-staleness", "2"]
+    proc = run_ranks(3, run, *FOSI, *args)
+    assert proc.returncode == 0, explain(proc)
+    assert validate_run_dir(run) == []
+    summary = read_json(run / "run.json")
+    assert summary["world_size"] == 3 and summary["curvature_ranks"] == 1
+    assert summary["ese_count"] == 5  # steps 3, 13, 23, 33, 43
+    staleness = summary["ese_staleness_steps"]
+    assert len(staleness) == 4 and all(0 <= s <= 2 for s in staleness)  # the last is in flight
+    ese = summary["rank_phases_s"]["ese"]
+    assert ese[0] == ese[1] == 0.0 and ese[2] > 0  # only the curvature rank runs ESEs
+    assert summary["final_accuracy"] > 0.5
