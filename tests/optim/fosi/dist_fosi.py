@@ -118,7 +118,7 @@ def run(name: str, world: int, rank: int, resume: Path | None) -> dict[str, Any]
 
 
 def main() -> None:
-    ctx = init_distributed(backend="gloo", timeout_s=120)
+    ctx = init_distributed(backend="gloo", timeout_s=600)
     torch.set_num_threads(1)
     world = dist.get_world_size()
     resume = Path(os.environ["RESUME"]) if os.environ.get("RESUME") else None
