@@ -46,10 +46,11 @@ class SecondOrderMethod(ABC):
 
     @abstractmethod
     def compute(
-        self, a: Tensor, g: Tensor, damping: float, which: Sequence[str]
+        self, a: Tensor | None, g: Tensor | None, damping: float, which: Sequence[str]
     ) -> dict[str, SecondOrder | None]:
         """Second-order data of the factors named in ``which`` (None where every attempt
-        failed), from the running factors ``a`` and ``g``."""
+        failed), from the running factors ``a`` and ``g`` (None where this rank keeps none:
+        the eigen method needs only the factors in ``which``, the inverse method both)."""
 
     @abstractmethod
     def identity(self, shape: tuple[int, ...], device: torch.device) -> SecondOrder:
@@ -89,10 +90,15 @@ class EigenMethod(SecondOrderMethod):
         return (f"Q{factor}", f"d{factor}")
 
     def compute(
-        self, a: Tensor, g: Tensor, damping: float, which: Sequence[str]
+        self, a: Tensor | None, g: Tensor | None, damping: float, which: Sequence[str]
     ) -> dict[str, SecondOrder | None]:
         matrices = {"A": a, "G": g}
-        return {key: _contiguous(decompose(matrices[key], self.dtype)) for key in which}
+        computed: dict[str, SecondOrder | None] = {}
+        for key in which:
+            matrix = matrices[key]
+            assert matrix is not None, f"factor {key} is not kept on this rank"
+            computed[key] = _contiguous(decompose(matrix, self.dtype))
+        return computed
 
     def identity(self, shape: tuple[int, ...], device: torch.device) -> SecondOrder:
         eye = torch.eye(shape[-1], dtype=self.dtype, device=device).expand(shape)
@@ -131,8 +137,9 @@ class InverseMethod(SecondOrderMethod):
         return (f"{factor}_inv",)
 
     def compute(
-        self, a: Tensor, g: Tensor, damping: float, which: Sequence[str]
+        self, a: Tensor | None, g: Tensor | None, damping: float, which: Sequence[str]
     ) -> dict[str, SecondOrder | None]:
+        assert a is not None and g is not None, "the inverse method needs both factors"
         damping_a, damping_g = pi_split(a, g, damping)
         pairs = {"A": (a, damping_a), "G": (g, damping_g)}
         return {key: _contiguous(invert(*pairs[key], self.dtype)) for key in which}

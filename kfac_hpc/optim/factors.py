@@ -6,6 +6,10 @@ the running average ``F ← α F + (1 − α) F_batch`` (α = factor_decay).
 
 First-update rule: the first accepted update *starts from the batch statistics*
 (``F = F_batch``), not from the identity, so the damping means the same from step 0 on.
+
+Owner-only factors (MEM-OPT, HYBRID-OPT): a rank keeps the running average of only the factors
+it decomposes; ``present`` says the running averages exist (on their owners) and is the same on
+every rank, so all ranks take the same collective decisions.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class LayerFactors:
         self.pending_g: Tensor | None = None
         self.count_a = 0
         self.count_g = 0
+        self.present = False  # the running averages exist (on the ranks that keep them)
 
     def add_a(self, a: Tensor) -> None:
         self.pending_a = a if self.pending_a is None else self.pending_a.add_(a)
@@ -51,12 +56,16 @@ class LayerFactors:
         self.pending_a = self.pending_g = None
         self.count_a = self.count_g = 0
 
-    def commit(self, decay: float) -> None:
-        """Fold the averaged pending statistics into the running averages."""
+    def commit(self, decay: float, keep_a: bool = True, keep_g: bool = True) -> None:
+        """Fold the averaged pending statistics into the running averages this rank keeps
+        (``keep_a``/``keep_g``); the others are not held here (None)."""
         a_new, g_new = self.batch_factors()
         # lerp_: α F + (1 − α) F_batch in one pass over F.
-        self.A = a_new.clone() if self.A is None else self.A.lerp_(a_new, 1 - decay)
-        self.G = g_new.clone() if self.G is None else self.G.lerp_(g_new, 1 - decay)
+        if keep_a:
+            self.A = a_new.clone() if self.A is None else self.A.lerp_(a_new, 1 - decay)
+        if keep_g:
+            self.G = g_new.clone() if self.G is None else self.G.lerp_(g_new, 1 - decay)
+        self.present = True
         self.clear_pending()
 
     def nbytes(self) -> int:

@@ -2,7 +2,8 @@
 inverses, layer-keyed, independent of the rank layout) and the checkpoint's view of them.
 
 For a checkpoint (:class:`~kfac_hpc.method_state.Checkpointable`), the shared tree is the state
-without second-order data (identical on every rank); each rank's shard is the second-order data
+without second-order data (identical on every rank; under MEM-OPT/HYBRID-OPT its factors are
+gathered from the ranks that keep them, so taking it is collective); each rank's shard is the second-order data
 of the layers it is the first grad worker of, so the shards hold one copy of everything whatever
 the strategy, and merging them layer by layer rebuilds the whole state at any world size.
 """
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kfac_hpc.comm import KAISAAssignment
+from kfac_hpc.comm import AsyncBroadcaster, KAISAAssignment
 from kfac_hpc.method_state import MethodState, SavedState, UnitShapes
 from kfac_hpc.optim.compute import SecondOrderMethod
 from kfac_hpc.optim.factors import LayerFactors
@@ -59,17 +60,17 @@ class KFACStateMixin:
 
         ``layers[name]`` holds ``A`` and ``G`` (layers that have factors); with
         ``include_second_order`` also what this rank holds of ``QA``/``dA``/``QG``/``dG``
-        (eigen) or ``A_inv``/``G_inv`` (inverse).
+        (eigen) or ``A_inv``/``G_inv`` (inverse). Under MEM-OPT/HYBRID-OPT the factors are
+        gathered from the ranks that keep them: collective, every rank calls it.
         """
-        layers: dict[str, dict[str, Tensor]] = {}
-        for name, state in self.states.items():
-            factors = state.factors
-            if factors.A is None or factors.G is None:
-                continue
-            entry = {"A": factors.A.detach().clone(), "G": factors.G.detach().clone()}
-            if include_second_order:
-                entry.update(self._second_order_entries(state))
-            layers[name] = entry
+        layers = self._gathered_factors()
+        if include_second_order:
+            for name, entry in layers.items():
+                entry.update(self._second_order_entries(self.states[name]))
+        return self._header() | {"layers": layers}
+
+    def _header(self) -> dict[str, Any]:
+        """The state without its layers: counters, method, schedules."""
         schedules = {
             name: s.state_dict() for name, s in self.options.schedules.items() if s.is_stateful
         }
@@ -79,8 +80,32 @@ class KFACStateMixin:
             "skipped_factor_updates": self.skipped_factor_updates,
             "compute_method": self.method.kind.value,
             "schedules": schedules,
-            "layers": layers,
         }
+
+    def _gathered_factors(self) -> dict[str, dict[str, Tensor]]:
+        """Copies of the running A and G of every layer that has them, on every rank: a
+        factor kept by some ranks only comes from the first of them (one bucketed broadcast
+        over the world; nothing is sent when every rank keeps every factor)."""
+        broadcaster = AsyncBroadcaster()
+        layers: dict[str, dict[str, Tensor]] = {}
+        for name, state in self.states.items():
+            factors = state.factors
+            if not factors.present:
+                continue
+            layer = state.layer
+            dtype = self.options.factor_dtype or layer.weight.dtype
+            entry: dict[str, Tensor] = {}
+            for key, shape in zip(FACTORS, layer.factor_shapes, strict=True):
+                kept = factors.A if key == "A" else factors.G
+                if kept is not None:
+                    entry[key] = kept.detach().clone()
+                else:
+                    entry[key] = torch.empty(shape, dtype=dtype, device=layer.weight.device)
+                if key in state.holders:
+                    broadcaster.broadcast(entry[key], src=state.holders[key][0])
+            layers[name] = entry
+        broadcaster.wait()
+        return layers
 
     def _second_order_entries(self, state: LayerState) -> dict[str, Tensor]:
         entries: dict[str, Tensor] = {}
@@ -114,8 +139,11 @@ class KFACStateMixin:
                 continue
             layer = layer_state.layer
             device, dtype = layer.weight.device, self.options.factor_dtype or layer.weight.dtype
-            factors.A = entry["A"].to(device=device, dtype=dtype).clone()
-            factors.G = entry["G"].to(device=device, dtype=dtype).clone()
+            for key in FACTORS:  # only the factors this rank keeps (owner-only factors)
+                kept = layer_state.keeps(key, self.rank)
+                value = entry[key].to(device=device, dtype=dtype).clone() if kept else None
+                setattr(factors, key, value)
+            factors.present = True
             if same_method and all(k in entry for k in keys):
                 # Every rank sees the same state, so all agree on what is ready (a layer marked
                 # missing on some ranks only would make them run collectives alone).
@@ -181,7 +209,7 @@ class KFACStateMixin:
     def warm_start(self, saved: SavedState) -> int:
         """Load only the factors (A, G per layer) of ``saved``; everything else (step counters,
         schedules, second-order data) stays. Returns the number of layers set."""
-        state = self.state_dict(include_second_order=False)
+        state = self._header()
         state["layers"] = {
             name: {f: entry[f] for f in FACTORS if f in entry}
             for name, entry in saved.shared.get("layers", {}).items()

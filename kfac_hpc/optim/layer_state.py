@@ -21,7 +21,9 @@ class LayerState:
 
     ``second_order`` holds what this rank keeps of the layer's eigen/inverse data ("A" and
     "G"; only on its grad workers); ``ready`` says the data exists on its grad workers, and is
-    the same on every rank, so all ranks take the same collective decisions.
+    the same on every rank, so all ranks take the same collective decisions. ``holders`` are
+    the ranks that keep each running factor ("A"/"G"; empty: every rank), i.e. the ranks that
+    decompose it under MEM-OPT and HYBRID-OPT.
     """
 
     layer: KFACLayer
@@ -33,10 +35,20 @@ class LayerState:
     outer: Tensor | None = None
     ready: bool = False
     warned: bool = False  # a failed decomposition was reported
+    holders: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.layer.name
+
+    def keeps(self, key: str, rank: int) -> bool:
+        """Whether ``rank`` keeps the running factor ``key`` ("A" or "G")."""
+        return key not in self.holders or rank in self.holders[key]
+
+    def reduce_dst(self, key: str) -> int | None:
+        """The one rank factor ``key`` is reduced to, or None to allreduce it."""
+        ranks = self.holders.get(key, ())
+        return ranks[0] if len(ranks) == 1 else None
 
     def holds_both(self) -> bool:
         return all(key in self.second_order for key in FACTORS)

@@ -26,6 +26,7 @@ from torch.utils.hooks import RemovableHandle
 from kfac_hpc.comm import (
     AssignmentStrategy,
     AsyncBroadcaster,
+    DistributionStrategy,
     FactorAllreducer,
     KAISAAssignment,
     KAISAGroups,
@@ -131,6 +132,8 @@ class KFACPreconditioner(KFACStateMixin):
             self.options.inv_dtype,
             self.options.compute_eigenvalue_outer_product,
         )
+        for state in self.states.values():
+            state.holders = self._factor_holders(state.name)
         self.second_order_update = SecondOrderUpdate(
             self.states, self.method, self.assignment, self.groups, self.rank
         )
@@ -180,6 +183,18 @@ class KFACPreconditioner(KFACStateMixin):
         if not layers:
             warnings.warn("K-FAC found no Linear/Conv2d layer to precondition", stacklevel=3)
         return layers
+
+    def _factor_holders(self, name: str) -> dict[str, tuple[int, ...]]:
+        """The ranks that keep each running factor of layer ``name``: every rank under COMM-OPT
+        (empty); otherwise only its inverse worker(s): the eigen method needs a factor on its
+        own worker, the inverse method both factors on both workers (π-damping)."""
+        if self.assignment.distribution is DistributionStrategy.COMM_OPT:
+            return {}
+        plan = self.assignment.plan(name)
+        if self.method.kind is ComputeMethod.EIGEN:
+            return {"A": (plan.a_worker,), "G": (plan.g_worker,)}
+        both = tuple(sorted({plan.a_worker, plan.g_worker}))
+        return {"A": both, "G": both}
 
     # ----------------------------------------------------------------- hyperparameters
     def hyperparameter(self, name: str, step: int | None = None) -> float | None:
@@ -248,8 +263,9 @@ class KFACPreconditioner(KFACStateMixin):
     def _submit(self, state: LayerState) -> None:
         factors = state.factors
         assert factors.pending_a is not None and factors.pending_g is not None
-        self.reducer.submit(f"{state.name}/A", factors.pending_a)
-        self.reducer.submit(f"{state.name}/G", factors.pending_g)
+        # to the ranks that keep the factor (owner-only under MEM-OPT/HYBRID-OPT)
+        self.reducer.submit(f"{state.name}/A", factors.pending_a, dst=state.reduce_dst("A"))
+        self.reducer.submit(f"{state.name}/G", factors.pending_g, dst=state.reduce_dst("G"))
         state.submitted = True
 
     # ----------------------------------------------------------------- the step
@@ -325,7 +341,7 @@ class KFACPreconditioner(KFACStateMixin):
         else:
             decay = self._value("factor_decay")
             for s in states:
-                s.factors.commit(decay)
+                s.factors.commit(decay, s.keeps("A", self.rank), s.keeps("G", self.rank))
         for s in self.states.values():
             s.submitted = False
 

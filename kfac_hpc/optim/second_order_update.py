@@ -56,16 +56,16 @@ class SecondOrderUpdate:
     def missing(self) -> bool:
         """Whether a layer has factors but no second-order data yet (e.g. after its first
         factor update came late, or after loading a checkpoint without second-order data)."""
-        return any(s.factors.A is not None and not s.ready for s in self.states.values())
+        return any(s.factors.present and not s.ready for s in self.states.values())
 
     def _compute_own(self, damping: float) -> list[LayerState]:
         """Decompose the factors this rank is the inverse worker of; return the layers whose
         second-order data exists (on the grad workers) after the broadcasts."""
         ready: list[LayerState] = []
         for state in self.states.values():
-            a, g = state.factors.A, state.factors.G
-            if a is None or g is None:
+            if not state.factors.present:
                 continue
+            a, g = state.factors.A, state.factors.G  # None where this rank keeps no factor
             ready.append(state)
             plan = self.assignment.plan(state.name)
             workers = (plan.a_worker, plan.g_worker)
@@ -77,6 +77,7 @@ class SecondOrderUpdate:
             assert self.assignment.is_grad_worker(state.name, self.rank), (
                 "an inverse worker is always a grad worker"
             )
+            assert all(state.keeps(key, self.rank) for key in mine), "an inverse worker keeps"
             for key, data in self.method.compute(a, g, damping, mine).items():
                 state.second_order[key] = data if data is not None else self._fallback(state, key)
         return ready

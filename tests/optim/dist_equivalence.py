@@ -4,7 +4,8 @@ Every rank trains the same tiny float64 model on its slice of one fixed global b
 (loss = mean over the local slice, gradients averaged over ranks as DDP would), runs
 ``KFACPreconditioner.step()`` and a plain SGD update for a few steps, under each distribution
 configuration. It saves, per configuration and step, the preconditioned gradients and the
-factors, plus ``memory_usage()`` and the layers it holds second-order data for, to
+factors, plus ``memory_usage()``, the layers it holds second-order data for and the factor
+tensors it holds, to
 ``OUT_DIR/p{P}_rank{r}.pt``.
 """
 
@@ -126,7 +127,23 @@ def run_config(options: dict[str, Any], rank: int, world: int) -> dict[str, Any]
             n for n in kfac.layers if kfac.assignment.is_grad_worker(n, rank)
         ),
         "fraction": kfac.assignment.grad_worker_fraction,
+        "held_factors": sorted(held_factor_tensors(kfac)),
+        "inverse_worker_of": sorted(
+            f"{n}/{key}"
+            for n in kfac.layers
+            for key in ("A", "G")
+            if kfac.assignment.inverse_worker(n, key) == rank
+        ),
     }
+
+
+def held_factor_tensors(kfac: KFACPreconditioner) -> list[str]:
+    """"layer/A" for every running or pending factor tensor this rank holds after a step."""
+    held = []
+    for name, f in kfac.factors.items():
+        for key, running, pending in (("A", f.A, f.pending_a), ("G", f.G, f.pending_g)):
+            held += [f"{name}/{key}"] * sum(t is not None for t in (running, pending))
+    return held
 
 
 def main() -> None:

@@ -121,7 +121,8 @@ def test_mem_opt_memory_usage_adds_up_to_one_comm_opt_rank(
 ) -> None:
     """MEM-OPT: the second-order bytes of all ranks together equal those of ONE COMM-OPT rank
     (eigen; for the inverse method the COMM-OPT figure is that of the 1-rank run), so each
-    rank holds ≈ 1/P; factors are still held everywhere (same bytes on every rank)."""
+    rank holds ≈ 1/P; the factors too are kept only where they are decomposed, so their bytes
+    over all ranks equal those of one COMM-OPT rank."""
     ranks = run(world_size, out_dir)
     if comm is None:
         full = run(1, out_dir)[0][mem]["memory"]["second_order_bytes"]
@@ -130,8 +131,25 @@ def test_mem_opt_memory_usage_adds_up_to_one_comm_opt_rank(
     per_rank = [r[mem]["memory"]["second_order_bytes"] for r in ranks]
     assert sum(per_rank) == full, (per_rank, full)
     assert all(0 < b < full for b in per_rank), per_rank
-    factors = {r[mem]["memory"]["factors_bytes"] for r in ranks}
-    assert len(factors) == 1
+    factors = [r[mem]["memory"]["factors_bytes"] for r in ranks]
+    assert sum(factors) == ranks[0]["comm_eigen"]["memory"]["factors_bytes"], factors
+
+
+def test_mem_opt_non_owners_hold_no_factor_tensors(out_dir: Path) -> None:
+    """MEM-OPT at 4 ranks: a rank holds exactly the running factors it decomposes (no
+    pending sums, nothing for other layers), each factor on exactly one rank; COMM-OPT keeps
+    every factor everywhere."""
+    ranks = run(4, out_dir)
+    assert len(ranks) == 4
+    every = sorted(ranks[0]["comm_eigen"]["held_factors"])
+    assert len(every) == 10  # 5 layers × (A, G)
+    for results in ranks:
+        assert results["comm_eigen"]["held_factors"] == every
+    held = [r["mem_eigen"]["held_factors"] for r in ranks]
+    for results, mine in zip(ranks, held, strict=True):
+        assert mine == results["mem_eigen"]["inverse_worker_of"]
+    assert sorted(f for mine in held for f in mine) == every
+    assert sum(1 for mine in held if len(mine) < len(every)) == 4
 
 
 def test_hybrid_opt_holds_each_layer_on_one_row(out_dir: Path) -> None:
