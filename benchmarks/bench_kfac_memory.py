@@ -3,23 +3,32 @@
 One command: ``.venv/bin/python benchmarks/bench_kfac_memory.py`` starts itself as 4 real ranks
 (``mpiexec -n 4``, gloo, CPU) and, side by side in that one job:
 
-1. per strategy, builds ResNet-32 (batch 16 per rank = 64 global, 32x32x3 inputs), runs three
-   K-FAC steps (factors and eigendecompositions every step) and reads ``memory_usage()``:
-   factors and second-order bytes separately, per rank (and the K-FAC phase times per step);
-2. times the factor reduction of those exact factor shapes with ``FactorAllreducer``: a full
+1. memory from real allocations, ROUNDS rounds, each strategy in turn: ResNet-32 (batch 16 per
+   rank = 64 global, 32x32x3 inputs) with its gradients allocated; the process's resident set
+   (``VmRSS``) and the peak of one plain forward/backward (``VmHWM`` after a reset through
+   ``/proc/self/clear_refs``) are the baseline; the preconditioner is built and runs warm-up
+   steps (factors and eigendecompositions every step); then *steady state* = VmRSS after a step
+   minus the baseline VmRSS (factors, second-order data, caches, process groups), and *peak* =
+   VmHWM over one whole K-FAC step (forward, backward with the factor hooks, ``step()``) minus
+   the plain step's peak: transient factor sums, buckets, receive buffers and decomposition
+   workspaces included. glibc serves every allocation >= 128 KiB by mmap
+   (``MALLOC_MMAP_THRESHOLD_``), so freed tensors leave the resident set. Per strategy: median
+   (min, max) over rounds of the max over ranks, and the ratios to COMM-OPT;
+   ``memory_usage()`` (the tensors the preconditioner keeps) is printed beside it;
+2. times the factor reduction of the ResNet-32 factor shapes with ``FactorAllreducer``: a full
    allreduce in 25 MiB buckets and unbucketed, the upper-triangle allreduce, and a reduce of
-   each factor only to its MEM-OPT inverse worker; and counts the factor bytes each rank would
-   keep if factors were reduced to their owners only (the reference library keeps every factor
-   on every rank);
+   each factor only to its MEM-OPT inverse worker (what MEM-OPT does);
 3. times the MEM-OPT gradient broadcast (every layer's gradient from its owner to all ranks)
    with one broadcast per layer and with ``AsyncBroadcaster``'s per-owner buckets.
 
-Prints the ratios and writes benchmarks/results/kfac_memory.json.
+Prints the ratios and writes benchmarks/results/kfac_memory.json. Target: peak K-FAC memory
+under MEM-OPT <= 0.3x that of COMM-OPT (max over ranks).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -32,15 +41,31 @@ from typing import Any
 WORLD_SIZE = 4
 STRATEGIES = ("comm-opt", "hybrid-opt", "mem-opt")
 PER_RANK_BATCH = 16
-STEPS = 3
+WARMUP_STEPS = 2
+ROUNDS = 3
 MIB = 1024 * 1024
 REPEATS = 5
+MMAP_THRESHOLD = 128 * 1024
+
+
+def _status_bytes(field: str) -> int:
+    """A ``/proc/self/status`` figure (kB there) in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def _reset_peak() -> None:
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
 
 
 def measure_strategy(strategy: str, rank: int) -> dict[str, Any]:
-    """K-FAC steps of ResNet-32 under ``strategy``: this rank's memory_usage() and the mean
-    K-FAC phase seconds of the steps after the first."""
+    """Steady-state and peak bytes K-FAC adds on this rank under ``strategy`` (see above),
+    its ``memory_usage()`` and the mean K-FAC phase seconds of the measured step."""
     import torch
+    import torch.distributed as dist
     from torch import nn
 
     from kfac_hpc.optim import KFACPreconditioner
@@ -48,23 +73,45 @@ def measure_strategy(strategy: str, rank: int) -> dict[str, Any]:
 
     torch.manual_seed(0)
     model = build_model("resnet32", (3, 32, 32), 10)
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(PER_RANK_BATCH, 3, 32, 32, generator=gen)
+    y = torch.randint(0, 10, (PER_RANK_BATCH,), generator=gen)
+
+    def forward_backward() -> None:
+        model.zero_grad(set_to_none=False)
+        nn.functional.cross_entropy(model(x), y).backward()
+
+    forward_backward()  # gradients allocated
+    dist.barrier()
+    _reset_peak()
+    forward_backward()
+    plain_peak = _status_bytes("VmHWM")
+    gc.collect()
+    base_rss = _status_bytes("VmRSS")
     kfac = KFACPreconditioner(
         model, factor_update_steps=1, inv_update_steps=1, grad_worker_fraction=strategy
     )
-    gen = torch.Generator().manual_seed(rank)
-    phases: dict[str, float] = {}
-    for step in range(STEPS):
-        x = torch.randn(PER_RANK_BATCH, 3, 32, 32, generator=gen)
-        y = torch.randint(0, 10, (PER_RANK_BATCH,), generator=gen)
-        model.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
+    for _ in range(WARMUP_STEPS):
+        forward_backward()
         kfac.step()
-        if step > 0:  # the first step builds buffers and groups
-            for phase, seconds in kfac.last_timings.items():
-                phases[phase] = phases.get(phase, 0.0) + seconds / (STEPS - 1)
-    usage = kfac.memory_usage()
-    shapes = {name: [list(s) for s in layer.factor_shapes] for name, layer in kfac.layers.items()}
-    return {"memory": usage, "shapes": shapes, "layers": len(kfac.layers), "phases_s": phases}
+    dist.barrier()
+    _reset_peak()
+    forward_backward()
+    kfac.step()
+    peak = _status_bytes("VmHWM")
+    gc.collect()
+    steady = _status_bytes("VmRSS")
+    result = {
+        "peak_bytes": peak - plain_peak,
+        "steady_bytes": steady - base_rss,
+        "memory_usage": kfac.memory_usage(),
+        "phases_s": dict(kfac.last_timings),
+        "shapes": {n: [list(t) for t in layer.factor_shapes] for n, layer in kfac.layers.items()},
+    }
+    kfac.remove_hooks()
+    del kfac
+    gc.collect()
+    return result
 
 
 def time_reduction(
@@ -106,7 +153,7 @@ def time_grad_broadcast(grads: dict[str, Any], owners: dict[str, int], cap_mb: f
 
 
 def factor_comm(shapes: dict[str, list[list[int]]], rank: int) -> dict[str, Any]:
-    """Factor reduction timings and owner-only factor bytes for the ResNet-32 factor shapes."""
+    """Factor reduction and gradient broadcast timings for the ResNet-32 factor shapes."""
     import torch
 
     from kfac_hpc.comm import KAISAAssignment
@@ -118,14 +165,6 @@ def factor_comm(shapes: dict[str, list[list[int]]], rank: int) -> dict[str, Any]
             x = torch.randn(shape[-1], shape[-1] + 8, generator=gen)
             factors[f"{name}/{key}"] = x @ x.T / x.shape[1]
     dims = {name: (a[-1], g[-1]) for name, (a, g) in shapes.items()}
-    owned_bytes: dict[str, int] = {}
-    for strategy in STRATEGIES:
-        plan = KAISAAssignment(dims, WORLD_SIZE, strategy, "compute", colocate_factors=True)
-        owned_bytes[strategy] = sum(
-            t.numel() * t.element_size()
-            for key, t in factors.items()
-            if plan.inverse_worker(*key.rsplit("/", 1)) == rank
-        )
     mem_plan = KAISAAssignment(dims, WORLD_SIZE, "mem-opt", "compute")
     owners = {key: mem_plan.inverse_worker(*key.rsplit("/", 1)) for key in factors}
     grads = {name: torch.randn(g[-1], a[-1], generator=gen) for name, (a, g) in shapes.items()}
@@ -139,7 +178,6 @@ def factor_comm(shapes: dict[str, list[list[int]]], rank: int) -> dict[str, Any]
         "allreduce_unbucketed_s": time_reduction(factors, None, symmetric=False, cap_mb=0.0),
         "allreduce_triangle_s": time_reduction(factors, None, symmetric=True),
         "reduce_to_owner_triangle_s": time_reduction(factors, owners, symmetric=True),
-        "owner_only_factor_bytes": owned_bytes,
         "grad_broadcast_unbucketed_s": time_grad_broadcast(grads, grad_owners, 0.0),
         "grad_broadcast_bucketed_s": time_grad_broadcast(grads, grad_owners, 25.0),
     }
@@ -154,13 +192,14 @@ def worker(out: Path) -> None:
     ctx = init_distributed(backend="gloo", timeout_s=300)
     assert dist.get_world_size() == WORLD_SIZE, dist.get_world_size()
     torch.set_num_threads(1)
-    mine: dict[str, Any] = {"rank": ctx.rank, "strategies": {}}
-    for strategy in STRATEGIES:
-        mine["strategies"][strategy] = measure_strategy(strategy, ctx.rank)
-    shapes = mine["strategies"]["comm-opt"].pop("shapes")
-    for strategy in STRATEGIES[1:]:
-        mine["strategies"][strategy].pop("shapes")
-    mine["factor_comm"] = factor_comm(shapes, ctx.rank)
+    rounds: list[dict[str, Any]] = []
+    for _ in range(ROUNDS):
+        rounds.append({s: measure_strategy(s, ctx.rank) for s in STRATEGIES})
+    shapes = rounds[0]["comm-opt"]["shapes"]
+    for one in rounds:
+        for result in one.values():
+            result.pop("shapes")
+    mine = {"rank": ctx.rank, "rounds": rounds, "factor_comm": factor_comm(shapes, ctx.rank)}
     gathered: list[Any] = [None] * WORLD_SIZE
     dist.all_gather_object(gathered, mine)
     if ctx.rank == 0:
@@ -168,35 +207,40 @@ def worker(out: Path) -> None:
     shutdown()
 
 
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
 def summarise(ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    per: dict[str, dict[str, list[int]]] = {
-        s: {
-            "factors_bytes": [r["strategies"][s]["memory"]["factors_bytes"] for r in ranks],
-            "second_order_bytes": [
-                r["strategies"][s]["memory"]["second_order_bytes"] for r in ranks
-            ],
-            "owner_only_factors_bytes": [
-                r["factor_comm"]["owner_only_factor_bytes"][s] for r in ranks
-            ],
-        }
+    """Per strategy and figure: the max over ranks in each round, then median/min/max over
+    rounds; ratios to COMM-OPT per round (then median/min/max)."""
+    figures = ("peak_bytes", "steady_bytes")
+    per_round = {
+        s: {f: [max(r["rounds"][i][s][f] for r in ranks) for i in range(ROUNDS)] for f in figures}
         for s in STRATEGIES
-    }  # fmt: skip
-    comm_second = statistics.mean(per["comm-opt"]["second_order_bytes"])
-    comm_factors = statistics.mean(per["comm-opt"]["factors_bytes"])
+    }
+    memory = {s: {f: _spread(v) for f, v in per_round[s].items()} for s in STRATEGIES}
     ratios = {
         s: {
-            "second_order_mean_vs_comm_opt": statistics.mean(per[s]["second_order_bytes"])
-            / comm_second,
-            "second_order_max_vs_comm_opt": max(per[s]["second_order_bytes"]) / comm_second,
-            "factors_mean_vs_comm_opt": statistics.mean(per[s]["factors_bytes"]) / comm_factors,
-            "owner_only_factors_mean_vs_all_factors": statistics.mean(
-                per[s]["owner_only_factors_bytes"]
+            f: _spread(
+                [a / b for a, b in zip(per_round[s][f], per_round["comm-opt"][f], strict=True)]
             )
-            / comm_factors,
+            for f in figures
         }
         for s in STRATEGIES
     }
-    comm = ranks[0]["factor_comm"]
+    usage = {
+        s: {
+            key: max(r["rounds"][0][s]["memory_usage"][key] for r in ranks)
+            for key in ("factors_bytes", "second_order_bytes", "total_bytes")
+        }
+        for s in STRATEGIES
+    }
+    per_rank_peak = {
+        s: [statistics.median(r["rounds"][i][s]["peak_bytes"] for i in range(ROUNDS))
+            for r in ranks]
+        for s in STRATEGIES
+    }  # fmt: skip
     timings = {
         key: max(r["factor_comm"][key] for r in ranks)
         for key in (
@@ -210,14 +254,19 @@ def summarise(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     }
     phases = {
         s: {
-            phase: max(r["strategies"][s]["phases_s"][phase] for r in ranks)
-            for phase in ranks[0]["strategies"][s]["phases_s"]
+            phase: statistics.median(
+                max(r["rounds"][i][s]["phases_s"][phase] for r in ranks) for i in range(ROUNDS)
+            )
+            for phase in ranks[0]["rounds"][0][s]["phases_s"]
         }
         for s in STRATEGIES
     }
+    comm = ranks[0]["factor_comm"]
     return {
-        "per_rank": per,
-        "ratios": ratios,
+        "memory_max_over_ranks": memory,
+        "ratios_to_comm_opt": ratios,
+        "peak_bytes_per_rank_median": per_rank_peak,
+        "memory_usage_max_over_ranks": usage,
         "kfac_phases_s_max_over_ranks": phases,
         "factor_comm": {
             "payload_bytes_full": comm["payload_bytes_full"],
@@ -227,26 +276,32 @@ def summarise(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _mib(spread: dict[str, float]) -> str:
+    return f"{spread['median'] / MIB:7.2f} ({spread['min'] / MIB:.2f}-{spread['max'] / MIB:.2f})"
+
+
+def _ratio(spread: dict[str, float]) -> str:
+    return f"{spread['median']:.3f} ({spread['min']:.3f}-{spread['max']:.3f})"
+
+
 def report(summary: dict[str, Any]) -> None:
-    print(f"K-FAC memory per rank, ResNet-32, {WORLD_SIZE} ranks (gloo, CPU), MiB")
     print(
-        f"{'strategy':<11} {'rank':>4} {'factors':>9} {'2nd-order':>10} {'owner-only factors':>19}"
+        f"K-FAC memory from real allocations, ResNet-32, {WORLD_SIZE} ranks (gloo, CPU), "
+        f"max over ranks, median (min-max) of {ROUNDS} rounds, MiB"
     )
-    for s, per in summary["per_rank"].items():
-        for rank in range(WORLD_SIZE):
-            print(
-                f"{s:<11} {rank:>4} {per['factors_bytes'][rank] / MIB:>9.2f} "
-                f"{per['second_order_bytes'][rank] / MIB:>10.2f} "
-                f"{per['owner_only_factors_bytes'][rank] / MIB:>19.2f}"
-            )
-    for s, r in summary["ratios"].items():
+    print(f"{'strategy':<11} {'peak':>22} {'steady state':>22} {'peak/COMM':>22} "
+          f"{'steady/COMM':>22} {'kept tensors':>12}")  # fmt: skip
+    for s in STRATEGIES:
+        mem, ratio = summary["memory_max_over_ranks"][s], summary["ratios_to_comm_opt"][s]
+        kept = summary["memory_usage_max_over_ranks"][s]["total_bytes"] / MIB
         print(
-            f"{s}: second-order mean/COMM-OPT {r['second_order_mean_vs_comm_opt']:.3f} "
-            f"(max rank {r['second_order_max_vs_comm_opt']:.3f}); factors held "
-            f"{r['factors_mean_vs_comm_opt']:.3f}; if reduced to owners only "
-            f"{r['owner_only_factors_mean_vs_all_factors']:.3f}"
+            f"{s:<11} {_mib(mem['peak_bytes']):>22} {_mib(mem['steady_bytes']):>22} "
+            f"{_ratio(ratio['peak_bytes']):>22} {_ratio(ratio['steady_bytes']):>22} "
+            f"{kept:>12.2f}"
         )
-    print("K-FAC phases per step (factors and eigendecompositions every step), slowest rank, ms")
+    for s, per in summary["peak_bytes_per_rank_median"].items():
+        print(f"{s:<11} peak per rank: " + "  ".join(f"{b / MIB:.2f}" for b in per))
+    print("K-FAC phases of the measured step (factors and eigendecompositions), slowest rank, ms")
     for s, phases in summary["kfac_phases_s_max_over_ranks"].items():
         print(f"{s:<11} " + "  ".join(f"{k} {v * 1e3:.0f}" for k, v in phases.items()))
     fc = summary["factor_comm"]
@@ -266,8 +321,9 @@ def report(summary: dict[str, Any]) -> None:
         f"{single * 1e3:.1f} ms, bucketed per owner {bucketed * 1e3:.1f} ms "
         f"({single / bucketed:.1f}x faster)"
     )
-    mem = summary["ratios"]["mem-opt"]["second_order_mean_vs_comm_opt"]
-    print(f"MEM-OPT/COMM-OPT second-order ratio: {mem:.3f} (target ~ {1 / WORLD_SIZE:.2f})")
+    mem = summary["ratios_to_comm_opt"]["mem-opt"]["peak_bytes"]["median"]
+    verdict = "met" if mem <= 0.3 else "MISSED"
+    print(f"MEM-OPT/COMM-OPT peak K-FAC memory: {mem:.3f} (target <= 0.30: {verdict})")
 
 
 def main() -> None:
@@ -282,7 +338,12 @@ def main() -> None:
     results.mkdir(exist_ok=True)
     raw = results / "kfac_memory.ranks.json"
     mpiexec = Path(sys.executable).parent / "mpiexec"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),  # freed tensors leave the resident set
+    }
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     cmd = [str(mpiexec), "-n", str(WORLD_SIZE), sys.executable, __file__, "--worker", str(raw)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -231,13 +231,23 @@ class CheckpointManager:
         if not bool(ok.item()):
             raise CheckpointError(f"rank 0 failed to write {path}")
 
-    def write(self, path: Path, state: TrainingState, per_rank: Mapping[int, Any]) -> None:
-        """Rank 0: write the file atomically, point ``latest`` at it, prune old ones."""
+    def write(
+        self,
+        path: Path,
+        state: TrainingState,
+        per_rank: Mapping[int, Any],
+        check: Callable[[], None] | None = None,
+    ) -> None:
+        """Rank 0: write the file atomically, point ``latest`` at it, prune old ones.
+        ``check`` runs once the content is written, before the file is marked complete; if it
+        raises, nothing is published."""
 
         def fill(h5: h5py.File) -> None:
             write_tree(h5, state.shared, compression=self.compression)
             ranks = h5.create_group("ranks", track_order=True)
             write_tree(ranks, {str(r): tree for r, tree in sorted(per_rank.items())})
+            if check is not None:
+                check()
 
         write_atomic_h5(path, fill, self.locking)
         write_latest(self.directory, path.name)

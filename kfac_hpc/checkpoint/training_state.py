@@ -68,13 +68,19 @@ class DataPosition:
 
 @dataclass
 class TrainingState:
-    """A captured state, ready for :meth:`CheckpointManager.save`."""
+    """A captured state, ready for :meth:`CheckpointManager.save`.
+
+    ``frozen`` names the top-level groups (of ``shared`` or ``per_rank``) whose tensors nobody
+    modifies in place after the capture, so an asynchronous writer may hold references to
+    them instead of copies (it still checks each one's ``_version`` before publishing).
+    """
 
     step: int
     shared: dict[str, Any]
     per_rank: dict[str, Any]
     rank: int = 0
     world_size: int = 1
+    frozen: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -222,6 +228,7 @@ def capture_training_state(
     if optimizer is not None:
         shared["optimizer"] = optimizer.state_dict()
     per_rank: dict[str, Any] = {"rng": _rng_tree()}
+    frozen = {"model", "rng"}  # fresh copies; the optimizer's state is live
     if preconditioner is not None:
         state = preconditioner.checkpoint_state(include_shard=include_shards)
         shared[preconditioner.state_group] = state.shared
@@ -230,7 +237,9 @@ def capture_training_state(
         shared["strategy"] = strategy or state.strategy
         if state.assignment:
             shared["assignment"] = state.assignment
-    return TrainingState(int(step), shared, per_rank, rank, world_size)
+        if getattr(preconditioner, "state_by_reference", False):
+            frozen |= {preconditioner.state_group, preconditioner.shard_group}
+    return TrainingState(int(step), shared, per_rank, rank, world_size, frozenset(frozen))
 
 
 def _check_model(model: nn.Module, saved: Mapping[str, torch.Tensor]) -> None:

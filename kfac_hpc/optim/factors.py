@@ -10,6 +10,9 @@ First-update rule: the first accepted update *starts from the batch statistics*
 Owner-only factors (MEM-OPT, HYBRID-OPT): a rank keeps the running average of only the factors
 it decomposes; ``present`` says the running averages exist (on their owners) and is the same on
 every rank, so all ranks take the same collective decisions.
+
+Running factors are never modified in place (each update makes new tensors), so the state the
+preconditioner hands to a checkpoint may reference them.
 """
 
 from __future__ import annotations
@@ -29,7 +32,12 @@ class LayerFactors:
         self.pending_g: Tensor | None = None
         self.count_a = 0
         self.count_g = 0
-        self.present = False  # the running averages exist (on the ranks that keep them)
+        self.updated = False  # committed or loaded (on every rank, kept or not)
+
+    @property
+    def present(self) -> bool:
+        """Whether the running averages exist (on the ranks that keep them)."""
+        return self.updated or self.A is not None or self.G is not None
 
     def add_a(self, a: Tensor) -> None:
         self.pending_a = a if self.pending_a is None else self.pending_a.add_(a)
@@ -60,12 +68,13 @@ class LayerFactors:
         """Fold the averaged pending statistics into the running averages this rank keeps
         (``keep_a``/``keep_g``); the others are not held here (None)."""
         a_new, g_new = self.batch_factors()
-        # lerp_: α F + (1 − α) F_batch in one pass over F.
+        # lerp: α F + (1 − α) F_batch in one pass, into a new tensor: a running factor is
+        # never modified in place, so a checkpoint written in the background may hold it.
         if keep_a:
-            self.A = a_new.clone() if self.A is None else self.A.lerp_(a_new, 1 - decay)
+            self.A = a_new.clone() if self.A is None else self.A.lerp(a_new, 1 - decay)
         if keep_g:
-            self.G = g_new.clone() if self.G is None else self.G.lerp_(g_new, 1 - decay)
-        self.present = True
+            self.G = g_new.clone() if self.G is None else self.G.lerp(g_new, 1 - decay)
+        self.updated = True
         self.clear_pending()
 
     def nbytes(self) -> int:

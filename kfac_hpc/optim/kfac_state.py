@@ -3,9 +3,10 @@ inverses, layer-keyed, independent of the rank layout) and the checkpoint's view
 
 For a checkpoint (:class:`~kfac_hpc.method_state.Checkpointable`), the shared tree is the state
 without second-order data (identical on every rank; under MEM-OPT/HYBRID-OPT its factors are
-gathered from the ranks that keep them, so taking it is collective); each rank's shard is the second-order data
-of the layers it is the first grad worker of, so the shards hold one copy of everything whatever
-the strategy, and merging them layer by layer rebuilds the whole state at any world size.
+gathered from the ranks that keep them, so taking it is collective); each rank's shard is the
+second-order data of the layers it is the first grad worker of, so the shards hold one copy of
+everything whatever the strategy, and merging them layer by layer rebuilds the whole state at
+any world size.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class KFACStateMixin:
     """The state methods of :class:`~kfac_hpc.optim.preconditioner.KFACPreconditioner`."""
 
     label = "K-FAC"
+    # checkpoint_state() tensors are never modified in place afterwards (see state_dict)
+    state_by_reference = True
     state_group = "kfac_state"
     shard_group = "kfac_second_order"
 
@@ -61,7 +64,9 @@ class KFACStateMixin:
         ``layers[name]`` holds ``A`` and ``G`` (layers that have factors); with
         ``include_second_order`` also what this rank holds of ``QA``/``dA``/``QG``/``dG``
         (eigen) or ``A_inv``/``G_inv`` (inverse). Under MEM-OPT/HYBRID-OPT the factors are
-        gathered from the ranks that keep them: collective, every rank calls it.
+        gathered from the ranks that keep them: collective, every rank calls it. The tensors
+        may be the preconditioner's own, which it never modifies in place (updates make new
+        ones): copy one before modifying it.
         """
         layers = self._gathered_factors()
         if include_second_order:
@@ -98,7 +103,7 @@ class KFACStateMixin:
             for key, shape in zip(FACTORS, layer.factor_shapes, strict=True):
                 kept = factors.A if key == "A" else factors.G
                 if kept is not None:
-                    entry[key] = kept.detach().clone()
+                    entry[key] = kept.detach()  # never modified in place: no copy needed
                 else:
                     entry[key] = torch.empty(shape, dtype=dtype, device=layer.weight.device)
                 if key in state.holders:
@@ -111,7 +116,8 @@ class KFACStateMixin:
         entries: dict[str, Tensor] = {}
         for key, data in state.second_order.items():
             names = self.method.state_keys(key)
-            entries.update(zip(names, (t.clone() for t in data.tensors()), strict=True))
+            # each update makes new second-order tensors: references are stable
+            entries.update(zip(names, data.tensors(), strict=True))
         return entries
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -143,7 +149,7 @@ class KFACStateMixin:
                 kept = layer_state.keeps(key, self.rank)
                 value = entry[key].to(device=device, dtype=dtype).clone() if kept else None
                 setattr(factors, key, value)
-            factors.present = True
+            factors.updated = True
             if same_method and all(k in entry for k in keys):
                 # Every rank sees the same state, so all agree on what is ready (a layer marked
                 # missing on some ranks only would make them run collectives alone).

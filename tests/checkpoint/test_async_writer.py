@@ -7,7 +7,9 @@ import multiprocessing
 import os
 import random
 import signal
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from kfac_hpc.checkpoint import (
     CheckpointManager,
     read_checkpoint,
 )
+from kfac_hpc.checkpoint.async_writer import ModifiedDuringWriteError
 from kfac_hpc.checkpoint.files import list_checkpoints, read_latest
 from tests.checkpoint.test_crash_safety import TRIALS, _check_directory, _flat, _same, _state
 
@@ -113,3 +116,46 @@ def test_snapshot_copies_every_tensor() -> None:
         copied["a"][1][0], torch.ones(3)
     )
     assert copied["b"] == "x" and copied["a"][1][1] == 1
+
+
+class _GatedManager(CheckpointManager):
+    """The real manager whose background write starts only once ``gate`` is set."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory, keep=3)
+        self.gate = threading.Event()
+
+    def write(self, *args: Any, **kwargs: Any) -> None:
+        assert self.gate.wait(timeout=60)
+        super().write(*args, **kwargs)
+
+
+def test_frozen_groups_are_referenced_and_an_in_place_change_publishes_nothing(
+    tmp_path: Path,
+) -> None:
+    manager = _GatedManager(tmp_path)
+    writer = AsyncCheckpointWriter(manager)
+    manager.gate.set()
+    good = writer.save(replace(_state(1), frozen=frozenset({"kfac_state"})))
+    writer.wait()
+    manager.gate.clear()
+    state = replace(_state(2), frozen=frozenset({"kfac_state"}))
+    writer.save(state)
+    # referenced, not copied: a change before the write is detected by its _version
+    state.shared["kfac_state"]["layers"]["layer0"]["A"].add_(1.0)
+    manager.gate.set()
+    with pytest.raises(ModifiedDuringWriteError, match="modified in place"):
+        writer.wait()
+    assert read_latest(tmp_path) == good
+    assert list_checkpoints(tmp_path) == [good]
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_frozen_groups_unchanged_are_written_as_they_are(tmp_path: Path) -> None:
+    state = replace(_state(3), frozen=frozenset({"kfac_state"}))
+    expected = state.shared["kfac_state"]["layers"]["layer0"]["A"].clone()
+    writer = AsyncCheckpointWriter(CheckpointManager(tmp_path, keep=2))
+    path = writer.save(state)
+    writer.wait()
+    got = read_checkpoint(path).tree["kfac_state"]["layers"]["layer0"]["A"]
+    assert torch.equal(got, expected)

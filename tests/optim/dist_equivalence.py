@@ -138,7 +138,7 @@ def run_config(options: dict[str, Any], rank: int, world: int) -> dict[str, Any]
 
 
 def held_factor_tensors(kfac: KFACPreconditioner) -> list[str]:
-    """"layer/A" for every running or pending factor tensor this rank holds after a step."""
+    """ "layer/A" for every running or pending factor tensor this rank holds after a step."""
     held = []
     for name, f in kfac.factors.items():
         for key, running, pending in (("A", f.A, f.pending_a), ("G", f.G, f.pending_g)):

@@ -84,3 +84,22 @@ def test_memory_usage_counts_factors_and_second_order_separately() -> None:
         "second_order_bytes": second,
         "total_bytes": factors + second,
     }
+
+
+@pytest.mark.parametrize("method", ["eigen", "inverse"])
+def test_later_steps_never_modify_saved_state_tensors_in_place(method: str) -> None:
+    """What lets an asynchronous checkpoint reference the state instead of copying it: the
+    tensors of a state_dict() keep their values and their ``_version`` through later factor
+    and second-order updates."""
+    model = small_cnn(torch.float64)
+    pre = KFACPreconditioner(model, compute_method=method, inv_dtype=torch.float64)
+    _step(pre, model, 0)
+    state = pre.state_dict(include_second_order=True)
+    tensors = [t for entry in state["layers"].values() for t in entry.values()]
+    saved = [(t.clone(), t._version) for t in tensors]
+    for seed in (1, 2):
+        _step(pre, model, seed)
+    assert not torch.equal(pre.state_dict()["layers"]["0"]["A"], state["layers"]["0"]["A"])
+    for tensor, (value, version) in zip(tensors, saved, strict=True):
+        assert tensor._version == version
+        assert torch.equal(tensor, value)
