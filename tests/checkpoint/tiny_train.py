@@ -178,11 +178,13 @@ def main() -> int:
                 save()
     if end == "done" and args.stop_at is not None:
         save()
+    # collective under MEM-OPT/HYBRID-OPT: factors are gathered from their owners
+    kfac_state = kfac.state_dict() if kfac is not None else None  # type: ignore[attr-defined]
     if rank == 0:
         attempt = len(list(args.run.glob("final-*.h5")))
         out = {"params": {n.replace(".", "_"): p.detach() for n, p in model.named_parameters()}}
-        if kfac is not None:
-            out["kfac"] = kfac.state_dict()  # type: ignore[attr-defined]
+        if kfac_state is not None:
+            out["kfac"] = kfac_state
         with open_h5(args.run / f"final-{attempt}.h5", "w") as h5:
             write_tree(h5, out)
     record = {"rank": rank, "world": world, "step": step, "end": end, "resumed_from": resumed_from}
