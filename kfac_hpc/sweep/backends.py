@@ -30,6 +30,7 @@ __all__ = ["BACKEND_NAMES", "SlurmBackend", "SweepBackend", "backend_for"]
 _REGISTRY: dict[str, str] = {
     "slurm": "kfac_hpc.sweep.backends:SlurmBackend",
     "local": "kfac_hpc.workflows.local:LocalBackend",
+    "parsl-slurm": "kfac_hpc.workflows.pilot:ParslSlurmBackend",
 }
 BACKEND_NAMES = tuple(_REGISTRY)
 

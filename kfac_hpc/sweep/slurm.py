@@ -20,6 +20,7 @@ from kfac_hpc.sweep.errors import SweepInputError
 __all__ = [
     "SlurmError",
     "TaskState",
+    "job_states",
     "max_array_size",
     "partition_limits",
     "require_sbatch",
@@ -199,3 +200,15 @@ def scancel(job_ids: Iterable[str]) -> None:
         out = _run(["scancel", *ids])
         if out.returncode != 0:
             raise SlurmError(f"scancel failed: {out.stderr.strip()}")
+
+
+def job_states(job_ids: Iterable[str]) -> dict[str, str]:
+    """Slurm's word (PENDING, RUNNING, COMPLETED...) for each plain job the controller still
+    holds or remembers (MinJobAge); jobs it forgot are absent."""
+    states: dict[str, str] = {}
+    for job_id in sorted(set(job_ids)):
+        out = _run(["scontrol", "-o", "show", "job", job_id])
+        found = re.search(r"\bJobState=(\S+)", out.stdout) if out.returncode == 0 else None
+        if found:
+            states[job_id] = found.group(1)
+    return states

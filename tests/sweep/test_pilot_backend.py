@@ -1,0 +1,143 @@
+"""The parsl-slurm pilot backend on the real local Slurm cluster: one allocation runs every
+point of a sweep; a point preempted on purpose (USR2 to its job step) ends ``preempted``,
+``resume`` continues it in a new allocation, and ``status``, the run directories and
+``report`` are the array backend's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kfac_hpc.contracts.records import validate_run_dir
+from kfac_hpc.sweep.manifest import read_manifest
+from kfac_hpc.workflows.pilot import pilot_nodes, pilot_walltime_s, slurm_seconds
+from tests.analysis.checks import assert_report_complete, run_report
+from tests.conftest import clean_env
+from tests.sweep.helpers import cli
+from tests.sweep.test_slurm_sweep import _train_step
+
+
+def test_pilot_shape_packs_by_node_count():
+    # Room for one largest point by default; max_concurrent of them; capped by the partition.
+    assert pilot_nodes([1, 1, 2, 2], None, 16) == 2
+    assert pilot_nodes([1, 2, 4] * 4, 4, 16) == 16
+    assert pilot_nodes([1, 2, 4] * 4, 4, 8) == 8
+    assert pilot_nodes([1, 1], 8, None) == 2  # never more than all points need
+    # Two 1-node points share a 2-node pilot, then each 2-node point: 3 rounds; the bound
+    # (twice the node-seconds, at most one round per point) gives 4.
+    assert pilot_walltime_s([1, 1, 2, 2], 2, 600) == 4 * 600
+    assert pilot_walltime_s([1], 1, 600) == 600
+    assert [slurm_seconds(t) for t in ("10", "01:30", "1:00:00", "1-2", "2-00:00:30")] == [
+        600,
+        90,
+        3600,
+        93600,
+        172830,
+    ]
+
+
+def _squeue_ids(env: dict[str, str]) -> set[str]:
+    out = subprocess.run(
+        ["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True, timeout=30
+    )
+    return set(out.stdout.split())
+
+
+def _steps(job_id: str, env: dict[str, str]) -> list[str]:
+    out = subprocess.run(
+        ["squeue", "-h", "-s", "-j", job_id, "-o", "%i"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return [s for s in out.stdout.split() if s.split(".")[-1].isdigit()]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_pilot_sweep_one_allocation_preempt_resume_status_report(slurm_cluster, tmp_path):
+    env = clean_env({**slurm_cluster, "KFAC_HPC_PILOT_ADDRESS": "127.0.0.1"})
+    before = _squeue_ids(env)
+    sweep_dir = tmp_path / "pilot"
+    argv = [
+        *("sweep", "--backend", "parsl-slurm", "--nodes", "1,2", "--repeats", "2"),
+        *("--model", "mlp", "--steps", "150", "--name", "t-pilot"),
+        *("--checkpoint-every", "100000", "--train-arg=--log-every=5"),
+        *("--train-arg=--no-progress", "--sweep-dir", str(sweep_dir)),
+    ]
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "kfac_hpc", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen: set[str] = set()
+    victim_id = None
+    deadline = time.monotonic() + 90
+    while sweep.poll() is None:
+        assert time.monotonic() < deadline, "the pilot sweep did not end in 90 s"
+        seen |= _squeue_ids(env) - before
+        if victim_id is None and (sweep_dir / "manifest.json").exists():
+            manifest = read_manifest(sweep_dir)
+            running = [
+                p
+                for p in manifest.points
+                if _train_step(sweep_dir / p.run_dir) >= 10
+                and not (sweep_dir / p.run_dir / "done").exists()
+            ]
+            steps = _steps(manifest.points[0].job_id or "", env) if len(running) == 1 else []
+            if len(steps) == 1:
+                # One point runs as the pilot's one step: USR2 to that step only.
+                victim_id = running[0].point_id
+                signal = subprocess.run(
+                    ["scancel", "--signal=USR2", steps[0]],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                )
+                assert signal.returncode == 0, signal.stderr
+        time.sleep(0.2)
+    out, err = sweep.communicate()
+    assert victim_id is not None, f"no point was seen running alone: {out}{err}"
+    assert sweep.returncode == 1, err  # one point did not finish
+    assert "1 point(s) did not finish" in err
+
+    manifest = read_manifest(sweep_dir)
+    [job_id] = {p.job_id for p in manifest.points}
+    assert seen == {job_id}, "every point ran in the one pilot allocation"
+    assert {p.params["nodes"] for p in manifest.points} == {1, 2}
+    states = {p.point_id: p.state for p in manifest.points}
+    assert states.pop(victim_id) == "preempted"
+    assert set(states.values()) == {"done"}
+
+    resumed = cli("resume", str(sweep_dir), env=env, timeout=90)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resubmitted 1 point(s): {victim_id}" in resumed.stdout
+
+    status = cli("status", str(sweep_dir), "--json", env=env)
+    assert status.returncode == 0, status.stderr
+    rows = [json.loads(line) for line in status.stdout.splitlines()]
+    assert len(rows) == 4 and {r["state"] for r in rows} == {"done"}
+    assert {r["progress"] for r in rows} == {"step 150/150"}
+    final = read_manifest(sweep_dir)
+    victim = next(p for p in final.points if p.point_id == victim_id)
+    assert victim.attempts == 2 and victim.job_id != job_id  # resumed in a new pilot
+    for point in final.points:
+        run_dir = sweep_dir / point.run_dir
+        assert validate_run_dir(run_dir) == []
+        run = json.loads((run_dir / "run.json").read_text())
+        assert run["world_size"] == run["nodes"] == point.params["nodes"]
+    run = json.loads((sweep_dir / victim.run_dir / "run.json").read_text())
+    assert [a["end"] for a in run["attempts"]] == ["preempted", "done"]
+    assert 0 < run["attempts"][0]["end_step"] < 150
+
+    reported = run_report(sweep_dir)
+    assert reported.returncode == 0, reported.stderr
+    assert_report_complete(sweep_dir, requeued={victim_id})

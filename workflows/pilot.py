@@ -1,0 +1,265 @@
+"""The Parsl pilot backend (``--backend parsl-slurm``): one Slurm allocation runs every point.
+
+``kfac-hpc sweep`` (or ``resume``) asks Slurm for one block (Parsl's ``SlurmProvider``) of
+:func:`pilot_nodes` nodes and packs the points into it by node count: Parsl's ``MPIExecutor``
+gives each point the nodes it asks for and starts it with the site's launcher as one job step
+(``srun --mpi=pmi2`` with the profile ``local``). A sweep of many small points thus waits in
+the queue once. The run directories, the manifest, ``status``, ``resume`` and the report are
+the array backend's; each point's ``job_id`` is the pilot's Slurm job id.
+
+Preemption: the block is submitted with ``--signal=USR2@signal_seconds``, which Slurm sends
+to every job step, so the running points checkpoint and exit 75 (``preempted``); ``resume``
+continues them in a new allocation.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import os
+import shlex
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import parsl
+from parsl.app.app import bash_app
+
+from kfac_hpc.contracts.rundir import CONFIG, read_markers
+from kfac_hpc.contracts.states import LIVE, PointState, Verdict, classify_point
+from kfac_hpc.sweep import slurm
+from kfac_hpc.sweep.backends import SweepBackend
+from kfac_hpc.sweep.errors import SweepInputError
+from kfac_hpc.sweep.manifest import Manifest, PointRecord, locked_manifest, read_manifest
+from kfac_hpc.workflows.configs import PilotShape, pilot_config
+from kfac_hpc.workflows.local import exit_verdict, point_command
+
+if TYPE_CHECKING:
+    from kfac_hpc.sweep.submit import PreparedSweep
+
+__all__ = ["ParslSlurmBackend", "pilot_nodes", "pilot_walltime_s", "run_pilot_points"]
+
+# How long the pilot's job id may take to appear after parsl.load (sbatch is synchronous).
+_BLOCK_WAIT_S = 60.0
+
+
+@bash_app
+def _pilot_point(
+    command: str,
+    parsl_resource_specification: dict[str, Any] | None = None,
+    stdout: str | None = None,
+    stderr: str | None = None,
+) -> str:
+    """One point as a job step of the pilot (``$PARSL_MPI_PREFIX`` = srun on its nodes).
+
+    Under the step, ``SLURM_JOB_NODELIST`` is the whole pilot's; the job's rendezvous takes
+    the first host of it, so each rank sees the step's own node list instead."""
+    inner = 'export SLURM_JOB_NODELIST="${SLURM_STEP_NODELIST:-$SLURM_JOB_NODELIST}"; exec "$@"'
+    return f"$PARSL_MPI_PREFIX bash -c {shlex.quote(inner)} kfac-point {command}"
+
+
+def slurm_seconds(value: str) -> int:
+    """Seconds of a Slurm time limit (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``)."""
+    days, _, rest = value.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:
+        hours, minutes, seconds = [*parts, 0, 0][:3]
+    elif len(parts) == 3:
+        hours, minutes, seconds = parts
+    else:
+        hours, (minutes, seconds) = 0, [*parts, 0][:2]
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def pilot_nodes(node_counts: Sequence[int], max_concurrent: int | None, limit: int | None) -> int:
+    """Nodes of the pilot: room for ``max_concurrent`` (default 1) of the largest points at
+    once, never more than all points together need, nor more than the partition gives."""
+    want = min(max(node_counts) * (max_concurrent or 1), sum(node_counts))
+    return max(max(node_counts), min(want, limit or want))
+
+
+def pilot_walltime_s(node_counts: Sequence[int], block_nodes: int, point_s: int) -> int:
+    """The pilot's time limit: every point gets its own limit ``point_s``, in as many rounds as
+    packing needs: at most twice the node-seconds bound (first fit), at most one per point."""
+    rounds = min(len(node_counts), math.ceil(2 * sum(node_counts) / block_nodes))
+    return max(1, rounds) * point_s
+
+
+def _hms(seconds: int) -> str:
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def pilot_shape(manifest: Manifest, points: Sequence[PointRecord]) -> PilotShape:
+    """The block that runs ``points`` of ``manifest`` (its spec and resolved profile)."""
+    spec, profile = manifest.spec, manifest.profile
+    counts = [int(p.params["nodes"]) for p in points]
+    partitions = slurm.partition_limits()
+    wanted = profile["partition"]
+    chosen = [p for p in partitions if p.name == wanted or (wanted is None and p.default)]
+    limit = chosen[0].job_nodes if chosen else None
+    if limit is not None and max(counts) > limit:
+        raise SweepInputError(
+            "nodes",
+            f"{max(counts)} node(s) do not fit partition {chosen[0].name}, which holds at most "
+            f"{limit} node(s) per job; lower --nodes",
+        )
+    concurrent = 1 if spec["serial"] else spec["max_concurrent"]
+    nodes = pilot_nodes(counts, concurrent, limit)
+    point_s = slurm_seconds(spec["time"] or profile["time"])
+    return PilotShape(
+        nodes=nodes,
+        workers=1 if spec["serial"] else nodes,
+        walltime=_hms(pilot_walltime_s(counts, nodes, point_s)),
+        ranks_per_node=int(spec["ranks_per_node"]),
+        cpus_per_task=int(spec["cpus_per_task"]),
+        gpus_per_node=spec["gpus_per_node"] or profile["gpus_per_node"],
+        signal_seconds=int(spec["signal_seconds"] or profile["signal_seconds"]),
+        launcher=profile["launcher"],
+        srun_mpi=profile["srun_mpi"],
+        partition=profile["partition"],
+        account=profile["account"],
+        qos=profile["qos"],
+        constraint=profile["constraint"],
+        setup=tuple(profile["setup"]),
+        sbatch_args=(*profile["sbatch_args"], *spec["sbatch_args"]),
+        address=os.environ.get("KFAC_HPC_PILOT_ADDRESS") or None,
+    )
+
+
+def _check_launcher(launcher: str, profile: str) -> None:
+    if launcher not in ("srun", "mpiexec"):
+        raise SweepInputError(
+            "profile",
+            f"profile {profile} launches with {launcher}; the parsl-slurm backend launches "
+            "with srun or mpiexec (MPICH): choose such a profile or --backend slurm",
+        )
+
+
+def _block_job_id(executor: Any) -> str:
+    """The Slurm job id of the pilot block (Parsl submits it during ``parsl.load``)."""
+    deadline = time.monotonic() + _BLOCK_WAIT_S
+    while not executor.blocks_to_job_id:
+        if time.monotonic() > deadline:
+            raise slurm.SlurmError("the pilot block was not submitted; see SWEEP_DIR/parsl")
+        time.sleep(0.1)
+    return str(next(iter(executor.blocks_to_job_id.values())))
+
+
+def run_pilot_points(sweep_dir: Path, point_ids: Sequence[str] | None = None) -> None:
+    """Run points (all, or ``point_ids``) in one new pilot allocation; returns when all ended
+    (the allocation is given back then)."""
+    manifest = read_manifest(sweep_dir)
+    todo = [p for p in manifest.points if point_ids is None or p.point_id in point_ids]
+    shape = pilot_shape(manifest, todo)
+    (sweep_dir / "logs").mkdir(exist_ok=True)
+    launcher_options = f"--cpus-per-task={shape.cpus_per_task}"
+    if shape.launcher == "srun":
+        launcher_options += f" --mpi={shape.srun_mpi} --kill-on-bad-exit=0"
+    config = pilot_config(sweep_dir / "parsl", shape)
+    with parsl.load(config):
+        job_id = _block_job_id(config.executors[0])
+        _mark_submitted(sweep_dir, [p.point_id for p in todo], job_id)
+        futures: dict[concurrent.futures.Future[Any], str] = {}
+        for point in todo:
+            nodes = int(point.params["nodes"])
+            name = f"{manifest.name}-{point.array}_{job_id}_{point.array_index}.out"
+            log = str(sweep_dir / "logs" / name)
+            future = _pilot_point(
+                point_command(manifest, sweep_dir, point),
+                parsl_resource_specification={
+                    "num_nodes": nodes,
+                    "num_ranks": nodes * shape.ranks_per_node,
+                    "ranks_per_node": shape.ranks_per_node,
+                    "launcher_options": launcher_options,
+                },
+                stdout=(log, "a"),
+                stderr=(log, "a"),
+            )
+            futures[future] = point.point_id
+        for future in concurrent.futures.as_completed(futures):
+            _finish(sweep_dir, futures[future], future)
+
+
+def _mark_submitted(sweep_dir: Path, point_ids: Sequence[str], job_id: str) -> None:
+    with locked_manifest(sweep_dir) as manifest:
+        for point in manifest.points:
+            if point.point_id in point_ids:
+                point.state, point.detail = PointState.SUBMITTED.value, ""
+                point.job_id = job_id
+                point.attempts += 1
+
+
+def _finish(sweep_dir: Path, point_id: str, future: concurrent.futures.Future[Any]) -> None:
+    """The point's state from its markers, else from its step's exit code."""
+    exc = future.exception()
+    code = getattr(exc, "exitcode", 0 if exc is None else 1)
+    with locked_manifest(sweep_dir) as manifest:
+        point = next(p for p in manifest.points if p.point_id == point_id)
+        ended = exit_verdict(code)
+        if exc is not None and not hasattr(exc, "exitcode"):
+            ended = Verdict(PointState.FAILED, f"the pilot lost it: {str(exc)[:160]}")
+        verdict = classify_point(
+            read_markers(sweep_dir / point.run_dir), Verdict(PointState.RUNNING), ended=ended
+        )
+        point.state, point.detail = verdict.state.value, verdict.detail
+
+
+_PILOT_LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED")
+
+
+class ParslSlurmBackend(SweepBackend):
+    """Every point as a job step of one Parsl pilot allocation, run from the process of
+    ``kfac-hpc sweep`` or ``resume``; state from that process's records, the pilot job and
+    the run directories' markers."""
+
+    name = "parsl-slurm"
+    runs_in_process = True
+
+    def max_array_size(self) -> int:
+        slurm.require_sbatch()
+        return slurm.DEFAULT_MAX_ARRAY_SIZE  # no arrays: the groups only name the points
+
+    def submit(self, prepared: PreparedSweep) -> Manifest:
+        from kfac_hpc.sweep.submit import new_manifest, write_scripts
+
+        _check_launcher(prepared.profile.launcher, prepared.profile.name)
+        manifest = new_manifest(prepared)
+        pilot_shape(manifest, manifest.points)  # refuses a sweep the partition cannot hold
+        write_scripts(prepared)  # the arrays' scripts: the same sweep by --backend slurm
+        manifest.write(prepared.sweep_dir)
+        run_pilot_points(prepared.sweep_dir)
+        return read_manifest(prepared.sweep_dir)
+
+    def refresh(self, manifest: Manifest, sweep_dir: Path) -> None:
+        live_ids = {p.job_id for p in manifest.points if p.job_id and PointState(p.state) in LIVE}
+        pilots = slurm.job_states(live_ids)
+        for point in manifest.points:
+            known = Verdict(PointState(point.state), point.detail)
+            live = None
+            pilot = pilots.get(point.job_id or "")
+            run_dir = sweep_dir / point.run_dir
+            if known.state in LIVE and pilot in _PILOT_LIVE:
+                started = pilot == "RUNNING" and (run_dir / CONFIG).exists()
+                live = (
+                    Verdict(PointState.RUNNING)
+                    if started
+                    else Verdict(PointState.SUBMITTED, f"in pilot job {point.job_id} ({pilot})")
+                )
+            markers = read_markers(run_dir)
+            verdict = classify_point(
+                markers,
+                known,
+                live=None if any(m is not None for m in markers) else live,
+                # The pilot ended and the point is still live in the manifest without a marker:
+                # the process that ran it is gone too (it records every end it sees).
+                asked=known.state in LIVE and pilot is not None and pilot not in _PILOT_LIVE,
+            )
+            point.state, point.detail = verdict.state.value, verdict.detail
+
+    def cancel(self, points: Sequence[PointRecord]) -> None:
+        """Cancel the pilot jobs of ``points`` (every point of those pilots stops)."""
+        slurm.scancel(p.job_id for p in points if p.job_id)
+
+    def resubmit(self, manifest: Manifest, sweep_dir: Path, points: Sequence[PointRecord]) -> None:
+        run_pilot_points(sweep_dir, [p.point_id for p in points])
