@@ -55,7 +55,10 @@ def _pilot_point(
 
     Under the step, ``SLURM_JOB_NODELIST`` is the whole pilot's; the job's rendezvous takes
     the first host of it, so each rank sees the step's own node list instead."""
-    inner = 'export SLURM_JOB_NODELIST="${SLURM_STEP_NODELIST:-$SLURM_JOB_NODELIST}"; exec "$@"'
+    inner = (
+        'if [ -n "${SLURM_STEP_NODELIST:-}" ]; then '
+        'export SLURM_JOB_NODELIST="$SLURM_STEP_NODELIST"; fi; exec "$@"'
+    )
     return f"$PARSL_MPI_PREFIX bash -c {shlex.quote(inner)} kfac-point {command}"
 
 
@@ -153,9 +156,13 @@ def run_pilot_points(sweep_dir: Path, point_ids: Sequence[str] | None = None) ->
     todo = [p for p in manifest.points if point_ids is None or p.point_id in point_ids]
     shape = pilot_shape(manifest, todo)
     (sweep_dir / "logs").mkdir(exist_ok=True)
-    launcher_options = f"--cpus-per-task={shape.cpus_per_task}"
-    if shape.launcher == "srun":
-        launcher_options += f" --mpi={shape.srun_mpi} --kill-on-bad-exit=0"
+    # Ranks leave at slightly different times after a preemption checkpoint (exit 75): srun
+    # must not kill the slower ones. (Hydra's mpiexec takes its node list from Parsl alone.)
+    launcher_options = (
+        f"--cpus-per-task={shape.cpus_per_task} --mpi={shape.srun_mpi} --kill-on-bad-exit=0"
+        if shape.launcher == "srun"
+        else ""
+    )
     config = pilot_config(sweep_dir / "parsl", shape)
     with parsl.load(config):
         job_id = _block_job_id(config.executors[0])

@@ -1,5 +1,5 @@
 """The parsl-slurm pilot backend on the real local Slurm cluster: one allocation runs every
-point of a sweep; a point preempted on purpose (USR2 to its job step) ends ``preempted``,
+point of a sweep; a point preempted on purpose (USR2 to the pilot's steps) ends ``preempted``,
 ``resume`` continues it in a new allocation, and ``status``, the run directories and
 ``report`` are the array backend's."""
 
@@ -47,17 +47,6 @@ def _squeue_ids(env: dict[str, str]) -> set[str]:
     return set(out.stdout.split())
 
 
-def _steps(job_id: str, env: dict[str, str]) -> list[str]:
-    out = subprocess.run(
-        ["squeue", "-h", "-s", "-j", job_id, "-o", "%i"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    return [s for s in out.stdout.split() if s.split(".")[-1].isdigit()]
-
-
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_pilot_sweep_one_allocation_preempt_resume_status_report(slurm_cluster, tmp_path):
@@ -65,7 +54,7 @@ def test_pilot_sweep_one_allocation_preempt_resume_status_report(slurm_cluster, 
     before = _squeue_ids(env)
     sweep_dir = tmp_path / "pilot"
     argv = [
-        *("sweep", "--backend", "parsl-slurm", "--nodes", "1,2", "--repeats", "2"),
+        *("sweep", "--backend", "parsl-slurm", "--nodes", "1,2", "--max-concurrent", "2"),
         *("--model", "mlp", "--steps", "150", "--name", "t-pilot"),
         *("--checkpoint-every", "100000", "--train-arg=--log-every=5"),
         *("--train-arg=--no-progress", "--sweep-dir", str(sweep_dir)),
@@ -78,25 +67,21 @@ def test_pilot_sweep_one_allocation_preempt_resume_status_report(slurm_cluster, 
         text=True,
     )
     seen: set[str] = set()
-    victim_id = None
-    deadline = time.monotonic() + 90
+    victim = None
+    deadline = time.monotonic() + 240
     while sweep.poll() is None:
-        assert time.monotonic() < deadline, "the pilot sweep did not end in 90 s"
+        assert time.monotonic() < deadline, "the pilot sweep did not end in 240 s"
         seen |= _squeue_ids(env) - before
-        if victim_id is None and (sweep_dir / "manifest.json").exists():
+        if victim is None and (sweep_dir / "manifest.json").exists():
             manifest = read_manifest(sweep_dir)
-            running = [
-                p
-                for p in manifest.points
-                if _train_step(sweep_dir / p.run_dir) >= 10
-                and not (sweep_dir / p.run_dir / "done").exists()
-            ]
-            steps = _steps(manifest.points[0].job_id or "", env) if len(running) == 1 else []
-            if len(steps) == 1:
-                # One point runs as the pilot's one step: USR2 to that step only.
-                victim_id = running[0].point_id
+            two = next(p for p in manifest.points if p.params["nodes"] == 2)
+            run_dir = sweep_dir / two.run_dir
+            if _train_step(run_dir) >= 10 and not (run_dir / "done").exists():
+                # USR2 to every job step of the pilot (not its batch shell): the running
+                # points checkpoint and exit 75, as at the pilot's time limit.
+                victim = two.point_id
                 signal = subprocess.run(
-                    ["scancel", "--signal=USR2", steps[0]],
+                    ["scancel", "--signal=USR2", str(two.job_id)],
                     env=env,
                     capture_output=True,
                     text=True,
@@ -105,39 +90,50 @@ def test_pilot_sweep_one_allocation_preempt_resume_status_report(slurm_cluster, 
                 assert signal.returncode == 0, signal.stderr
         time.sleep(0.2)
     out, err = sweep.communicate()
-    assert victim_id is not None, f"no point was seen running alone: {out}{err}"
-    assert sweep.returncode == 1, err  # one point did not finish
-    assert "1 point(s) did not finish" in err
-
+    assert victim is not None, f"the 2-node point was never seen running: {out}{err}"
     manifest = read_manifest(sweep_dir)
     [job_id] = {p.job_id for p in manifest.points}
-    assert seen == {job_id}, "every point ran in the one pilot allocation"
-    assert {p.params["nodes"] for p in manifest.points} == {1, 2}
+    assert seen == {job_id}, "both points ran in the one pilot allocation"
     states = {p.point_id: p.state for p in manifest.points}
-    assert states.pop(victim_id) == "preempted"
-    assert set(states.values()) == {"done"}
+    assert states[victim] == "preempted"
+    assert set(states.values()) <= {"preempted", "done"}
+    preempted = sorted(p for p, s in states.items() if s == "preempted")
+    assert sweep.returncode == 1, err  # preempted points did not finish
+    assert f"{len(preempted)} point(s) did not finish" in err
 
-    resumed = cli("resume", str(sweep_dir), env=env, timeout=90)
+    resumed = cli("resume", str(sweep_dir), env=env, timeout=180)
     assert resumed.returncode == 0, resumed.stderr
-    assert f"resubmitted 1 point(s): {victim_id}" in resumed.stdout
+    assert f"resubmitted {len(preempted)} point(s): {' '.join(preempted)}" in resumed.stdout
 
     status = cli("status", str(sweep_dir), "--json", env=env)
     assert status.returncode == 0, status.stderr
     rows = [json.loads(line) for line in status.stdout.splitlines()]
-    assert len(rows) == 4 and {r["state"] for r in rows} == {"done"}
+    assert sorted(r["nodes"] for r in rows) == [1, 2] and {r["state"] for r in rows} == {"done"}
     assert {r["progress"] for r in rows} == {"step 150/150"}
     final = read_manifest(sweep_dir)
-    victim = next(p for p in final.points if p.point_id == victim_id)
-    assert victim.attempts == 2 and victim.job_id != job_id  # resumed in a new pilot
+    again = next(p for p in final.points if p.point_id == victim)
+    assert again.attempts == 2 and again.job_id != job_id  # resumed in a new pilot
     for point in final.points:
         run_dir = sweep_dir / point.run_dir
         assert validate_run_dir(run_dir) == []
         run = json.loads((run_dir / "run.json").read_text())
         assert run["world_size"] == run["nodes"] == point.params["nodes"]
-    run = json.loads((sweep_dir / victim.run_dir / "run.json").read_text())
+    run = json.loads((sweep_dir / again.run_dir / "run.json").read_text())
     assert [a["end"] for a in run["attempts"]] == ["preempted", "done"]
     assert 0 < run["attempts"][0]["end_step"] < 150
 
     reported = run_report(sweep_dir)
     assert reported.returncode == 0, reported.stderr
-    assert_report_complete(sweep_dir, requeued={victim_id})
+    assert_report_complete(sweep_dir, requeued=set(preempted))
+
+
+def test_a_profile_the_pilot_cannot_launch_is_refused(tmp_path):
+    sweep_dir = tmp_path / "refused"
+    out = cli(
+        *("sweep", "--backend", "parsl-slurm", "--profile", "mpirun", "--nodes", "1"),
+        *("--steps", "5", "--sweep-dir", str(sweep_dir)),
+    )
+    assert out.returncode == 2, out.stderr
+    [line] = out.stderr.strip().splitlines()
+    assert "error: profile: profile mpirun launches with mpirun" in line
+    assert not (sweep_dir / "manifest.json").exists()
