@@ -167,25 +167,52 @@ def run_pilot_points(sweep_dir: Path, point_ids: Sequence[str] | None = None) ->
     with parsl.load(config):
         job_id = _block_job_id(config.executors[0])
         _mark_submitted(sweep_dir, [p.point_id for p in todo], job_id)
-        futures: dict[concurrent.futures.Future[Any], str] = {}
-        for point in todo:
-            nodes = int(point.params["nodes"])
-            name = f"{manifest.name}-{point.array}_{job_id}_{point.array_index}.out"
-            log = str(sweep_dir / "logs" / name)
-            future = _pilot_point(
-                point_command(manifest, sweep_dir, point),
-                parsl_resource_specification={
-                    "num_nodes": nodes,
-                    "num_ranks": nodes * shape.ranks_per_node,
-                    "ranks_per_node": shape.ranks_per_node,
-                    "launcher_options": launcher_options,
-                },
-                stdout=(log, "a"),
-                stderr=(log, "a"),
+        # Points go to Parsl only when their nodes are free (first fit, in sweep order):
+        # Parsl's own backlog of MPI tasks recurses without end when a finished task frees
+        # fewer nodes than the next waiting one needs, and the pilot hangs.
+        waiting, free = list(todo), shape.nodes
+        running: dict[concurrent.futures.Future[Any], tuple[str, int]] = {}
+        while waiting or running:
+            for point in list(waiting):
+                nodes = int(point.params["nodes"])
+                if nodes <= free and len(running) < shape.workers:
+                    waiting.remove(point)
+                    free -= nodes
+                    future = _launch(manifest, sweep_dir, point, job_id, shape, launcher_options)
+                    running[future] = (point.point_id, nodes)
+            ended, _ = concurrent.futures.wait(
+                running, return_when=concurrent.futures.FIRST_COMPLETED
             )
-            futures[future] = point.point_id
-        for future in concurrent.futures.as_completed(futures):
-            _finish(sweep_dir, futures[future], future)
+            for future in ended:
+                point_id, nodes = running.pop(future)
+                free += nodes
+                _finish(sweep_dir, point_id, future)
+
+
+def _launch(
+    manifest: Manifest,
+    sweep_dir: Path,
+    point: PointRecord,
+    job_id: str,
+    shape: PilotShape,
+    launcher_options: str,
+) -> concurrent.futures.Future[Any]:
+    """Start one point on ``nodes`` free nodes of the pilot; its log is in ``logs/``."""
+    nodes = int(point.params["nodes"])
+    name = f"{manifest.name}-{point.array}_{job_id}_{point.array_index}.out"
+    log = str(sweep_dir / "logs" / name)
+    future: concurrent.futures.Future[Any] = _pilot_point(
+        point_command(manifest, sweep_dir, point),
+        parsl_resource_specification={
+            "num_nodes": nodes,
+            "num_ranks": nodes * shape.ranks_per_node,
+            "ranks_per_node": shape.ranks_per_node,
+            "launcher_options": launcher_options,
+        },
+        stdout=(log, "a"),
+        stderr=(log, "a"),
+    )
+    return future
 
 
 def _mark_submitted(sweep_dir: Path, point_ids: Sequence[str], job_id: str) -> None:
