@@ -15,11 +15,14 @@ continues them in a new allocation.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import math
 import os
 import shlex
+import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -149,6 +152,24 @@ def _block_job_id(executor: Any) -> str:
     return str(next(iter(executor.blocks_to_job_id.values())))
 
 
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM (``kill``, a batch system ending the login session) unwinds like Ctrl-C, so
+    Parsl's cleanup cancels the pilot and stops its interchange instead of orphaning them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_pilot_points(sweep_dir: Path, point_ids: Sequence[str] | None = None) -> None:
     """Run points (all, or ``point_ids``) in one new pilot allocation; returns when all ended
     (the allocation is given back then)."""
@@ -164,7 +185,7 @@ def run_pilot_points(sweep_dir: Path, point_ids: Sequence[str] | None = None) ->
         else ""
     )
     config = pilot_config(sweep_dir / "parsl", shape)
-    with parsl.load(config):
+    with _sigterm_unwinds(), parsl.load(config):
         job_id = _block_job_id(config.executors[0])
         _mark_submitted(sweep_dir, [p.point_id for p in todo], job_id)
         # Points go to Parsl only when their nodes are free (first fit, in sweep order):
