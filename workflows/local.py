@@ -20,6 +20,7 @@ from parsl.app.app import bash_app
 from kfac_hpc.contracts.exit_codes import ExitCode
 from kfac_hpc.contracts.rundir import read_markers
 from kfac_hpc.contracts.states import PointState, Verdict, classify_point
+from kfac_hpc.runtime.launch import EMULATED_NODES
 from kfac_hpc.sweep.backends import SweepBackend
 from kfac_hpc.sweep.command import train_argv
 from kfac_hpc.sweep.manifest import Manifest, PointRecord, locked_manifest, read_manifest
@@ -49,6 +50,8 @@ def point_command(manifest: Manifest, sweep_dir: Path, point: PointRecord) -> st
     env = {
         "OMP_NUM_THREADS": str(point.params["cpus_per_task"]),
         "PYTHONUNBUFFERED": "1",
+        # The point's nodes run as ranks on this host: the job records the nodes asked for.
+        EMULATED_NODES: str(point.params["nodes"]),
         **manifest.profile["env"],
     }
     argv = [

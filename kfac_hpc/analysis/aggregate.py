@@ -19,6 +19,8 @@ from typing import Any
 from kfac_hpc.analysis.stats import percentile
 
 JSON = dict[str, Any]
+# The largest integer the tables hold (Parquet int64); a larger one in a record is a bad value.
+INT64_MAX = 2**63 - 1
 
 
 def number(value: Any) -> float | None:
@@ -26,7 +28,9 @@ def number(value: Any) -> float | None:
     kind = type(value)  # exact types: bool is not a number here, and this is the hot path
     if kind is float:
         return value if math.isfinite(value) else None
-    return float(value) if kind is int else None
+    if kind is int:
+        return float(value) if -INT64_MAX <= value <= INT64_MAX else None
+    return None
 
 
 def float_list(value: Any) -> list[float]:
@@ -120,7 +124,11 @@ def _numbers(column: list[Any]) -> list[float] | None:
     """``column`` as floats when every value is a finite int or float (checked at C speed),
     else None."""
     kinds = set(map(type, column))
-    if not kinds <= {float, int} or not all(map(math.isfinite, column)):
+    if not kinds <= {float, int}:
+        return None
+    if int in kinds and column and not -INT64_MAX <= min(column) <= max(column) <= INT64_MAX:
+        return None  # an int no float holds exactly (or at all): checked value by value
+    if not all(map(math.isfinite, column)):
         return None
     return column if kinds == {float} else list(map(float, column))
 
