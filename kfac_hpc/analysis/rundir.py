@@ -134,7 +134,7 @@ def _drop_bad_steps(run: RunData) -> None:
     bad = [a for a in stats.spans if _bad_value(a, int) or _bad_value(stats.spans[a][1], int)]
     bad_last = stats.last_step is not None and _bad_value(stats.last_step, int)
     evals = [e for e in run.evals if not (_bad_value(e.attempt, int) or _bad_value(e.step, int))]
-    if not (bad or bad_last or len(evals) < len(run.evals)):
+    if not (bad or bad_last or len(evals) < len(run.evals) or stats.out_of_range):
         return
     for attempt in bad:
         stats.spans.pop(attempt, None)
