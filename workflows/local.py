@@ -9,8 +9,11 @@ reads the markers and trusts the manifest for the rest.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import shlex
+import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,10 +50,15 @@ def _train_point(
 
 
 def open_mpi() -> bool:
-    """Whether the ``mpiexec`` on PATH is Open MPI's (not MPICH's hydra, the ``mpich`` extra)."""
+    """Whether the ``mpiexec`` the workers find is Open MPI's, not MPICH's hydra (the
+    ``mpich`` extra). The workers' PATH starts with this Python's bin (see configs.py)."""
+    search = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    mpiexec = shutil.which("mpiexec", path=search)
+    if mpiexec is None:
+        return False
     try:
         version = subprocess.run(
-            ["mpiexec", "--version"], capture_output=True, text=True, timeout=30
+            [mpiexec, "--version"], capture_output=True, text=True, timeout=30
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return False

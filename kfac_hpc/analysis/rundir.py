@@ -348,7 +348,11 @@ def read_run_dir(path: Path, point: JSON | None = None) -> RunData:
         if job_state in (PointState.PENDING, PointState.SUBMITTED, ""):
             run.reason = f"not started (job {job_state or 'unknown'})"
         elif job_state in ENDED_BADLY:
-            run.state, run.reason = schema.FAILED, f"job {job_state} before creating its run dir"
+            detail = str(point.get("detail") or "")[:200]
+            run.state = schema.FAILED
+            run.reason = f"job {job_state} before creating its run dir" + (
+                f": {detail}" if detail else ""
+            )
         else:
             run.state, run.reason = schema.MISSING, f"run directory {path} does not exist"
         return run

@@ -9,6 +9,7 @@ The train settings and axes flags are made from the job's option table
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -177,7 +178,7 @@ def _sweep(
         from kfac_hpc.sweep.progress_line import watching
         from kfac_hpc.workflows.sweep_flow import run_sweep
 
-        with watching(prepared.sweep_dir, click.get_text_stream("stderr")):
+        with watching(prepared.sweep_dir, sys.stderr):
             text = run_sweep(prepared)
         click.echo(text, nl=False)
         final = read_manifest(prepared.sweep_dir).points
@@ -238,7 +239,7 @@ def _watch(sweep_dir: Path, interval_s: float) -> None:
     from kfac_hpc.sweep.follow import status as sweep_status
     from kfac_hpc.sweep.progress_line import ProgressLine, count_states
 
-    line = ProgressLine(click.get_text_stream("stderr"))
+    line = ProgressLine(sys.stderr)
     settled = 0
     try:
         while settled < 2:
