@@ -31,12 +31,8 @@ def test_the_wheel_without_extras_runs_a_local_sweep_to_its_report(tmp_path: Pat
     assert shutil.which("mpiexec", path=system_path), "the local backend needs an mpiexec on PATH"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
     env["PATH"] = system_path
-    _run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
-        + ["-w", str(tmp_path), str(REPO)],
-        tmp_path,
-        env,
-    )
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+    _run([*build, "-w", str(tmp_path), str(REPO)], tmp_path, env)
     (wheel,) = tmp_path.glob("kfac_hpc-*.whl")
     base = getattr(sys, "_base_executable", sys.executable)
     _run([base, "-m", "venv", str(tmp_path / "venv")], tmp_path, env)
@@ -53,8 +49,9 @@ def test_the_wheel_without_extras_runs_a_local_sweep_to_its_report(tmp_path: Pat
     args = ["--nodes", "1,2", "--backend", "local", "--model", "mlp", "--steps", "30"]
     result = _run([kfac_hpc, "sweep", *args, "--kfac", "false,true"], work, env)
 
+    python = str(tmp_path / "venv" / "bin" / "python")
     installed = subprocess.run(
-        [str(tmp_path / "venv" / "bin" / "python"), "-c", "import kfac_hpc; print(kfac_hpc.__file__)"],
+        [python, "-c", "import kfac_hpc; print(kfac_hpc.__file__)"],
         cwd=work,
         env=env,
         capture_output=True,

@@ -34,12 +34,12 @@ else:  # pragma: no cover - Python 3.10
 
 __all__ = [
     "AXES",
+    "MAX_COUNT",
+    "MAX_POINTS",
     "TRAIN_SETTINGS",
     "Point",
     "SweepSpec",
     "TrainSettings",
-    "MAX_COUNT",
-    "MAX_POINTS",
     "expand_points",
     "load_spec",
     "point_id",

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import importlib.util
 import random
-from importlib import resources
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import numpy as np

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from kfac_hpc.cli import main
+from kfac_hpc.sweep.progress_line import ProgressLine, count_states, progress_text
 from kfac_hpc.sweep.spec import load_spec
 from kfac_hpc.sweep.submit import new_manifest, prepare_sweep
-from kfac_hpc.sweep.progress_line import ProgressLine, count_states, progress_text
 from tests.sweep.helpers import cli
 
 
@@ -100,4 +100,3 @@ def test_wait_with_slurm_unusable_is_one_line_exit_2(tmp_path):
     errors = [line for line in out.stderr.splitlines() if line.startswith("kfac-hpc")]
     assert len(errors) == 1 and errors[0].startswith("kfac-hpc sweep: error: sbatch: "), out.stderr
     assert "Traceback" not in out.stderr and "DependencyError" not in out.stderr
-
