@@ -129,3 +129,15 @@ def test_time_limit_true_is_not_one_second():
         load_spec(None, {"nodes": "1", "time_limit": True})
     spec = load_spec(None, {"nodes": "1", "time_limit": "90s"})
     assert spec.train.time_limit == "90s"
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "imagefolder"])
+def test_a_dataset_that_cannot_load_stops_the_sweep_before_anything_starts(tmp_path, dataset):
+    data = tmp_path / "data"
+    data.mkdir()  # a folder, so the job's validation passes; but no data in it
+    args = ["--nodes", "1", "--model", "mlp", "--dataset", dataset, "--data-path", str(data)]
+    result = sweep(tmp_path, *args, dry_run=False)
+    assert_bad_input(result, "data_path", tmp_path / "sw")
+    assert f"--dataset {dataset} cannot be loaded here" in result.stderr
+    assert not (tmp_path / "sw").exists()
+
