@@ -55,7 +55,7 @@ def check_loadable(points: Sequence[Point]) -> None:
     from kfac_hpc.train.data import load_data
     from kfac_hpc.train.models import build_model
 
-    datasets: dict[tuple[Any, ...], tuple[tuple[int, int, int], int]] = {}
+    datasets: dict[tuple[Any, ...], tuple[tuple[int, ...], int]] = {}
     models: set[tuple[Any, ...]] = set()
     for point in points:
         config = _config(point)

@@ -140,4 +140,3 @@ def test_a_dataset_that_cannot_load_stops_the_sweep_before_anything_starts(tmp_p
     assert_bad_input(result, "data_path", tmp_path / "sw")
     assert f"--dataset {dataset} cannot be loaded here" in result.stderr
     assert not (tmp_path / "sw").exists()
-
