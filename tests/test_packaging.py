@@ -48,6 +48,10 @@ def test_wheel_holds_every_subpackage_and_the_templates(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for sub in SUBPACKAGES:
         assert f"kfac_hpc/{sub}/__init__.py" in names, f"kfac_hpc.{sub} missing from the wheel"
+    for init in (REPO / "kfac_hpc").rglob("__init__.py"):
+        name = init.relative_to(REPO).as_posix()
+        assert name in names, f"{name} missing from the wheel (setup.cfg packages)"
+    assert "kfac_hpc/data/digits.npz" in names
     assert any(n.startswith("kfac_hpc/templates/") and n.endswith(".j2") for n in names)
     for profile in ("local", "mpiexec", "mpirun"):
         assert f"kfac_hpc/site_profiles/{profile}.toml" in names

@@ -9,7 +9,11 @@ reads the markers and trusts the manifest for the rest.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import shlex
+import shutil
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +24,7 @@ from parsl.app.app import bash_app
 from kfac_hpc.contracts.exit_codes import ExitCode
 from kfac_hpc.contracts.rundir import read_markers
 from kfac_hpc.contracts.states import PointState, Verdict, classify_point
+from kfac_hpc.runtime.launch import EMULATED_NODES
 from kfac_hpc.sweep.backends import SweepBackend
 from kfac_hpc.sweep.command import train_argv
 from kfac_hpc.sweep.manifest import Manifest, PointRecord, locked_manifest, read_manifest
@@ -40,8 +45,30 @@ def _train_point(
     stdout: str | None = None,
     stderr: str | None = None,
 ) -> str:
-    """One point under the executor's MPI launcher (``$PARSL_MPI_PREFIX`` = mpiexec -n R)."""
-    return f"$PARSL_MPI_PREFIX {command}"
+    """One point under its MPI launcher (``command`` starts with the launcher's prefix)."""
+    return command
+
+
+def open_mpi() -> bool:
+    """Whether the ``mpiexec`` the workers find is Open MPI's, not MPICH's hydra (the
+    ``mpich`` extra). The workers' PATH starts with this Python's bin (see configs.py)."""
+    search = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    mpiexec = shutil.which("mpiexec", path=search)
+    if mpiexec is None:
+        return False
+    try:
+        version = subprocess.run(
+            [mpiexec, "--version"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "Open MPI" in version or "OpenRTE" in version
+
+
+def mpi_prefix(ranks: int, is_open_mpi: bool) -> str:
+    """The launcher of a point's ``ranks`` on this host: the executor's ``$PARSL_MPI_PREFIX``
+    (hydra's flags), or ``mpiexec -n R --oversubscribe`` for Open MPI's mpiexec."""
+    return f"mpiexec -n {ranks} --oversubscribe" if is_open_mpi else "$PARSL_MPI_PREFIX"
 
 
 def point_command(manifest: Manifest, sweep_dir: Path, point: PointRecord) -> str:
@@ -49,6 +76,8 @@ def point_command(manifest: Manifest, sweep_dir: Path, point: PointRecord) -> st
     env = {
         "OMP_NUM_THREADS": str(point.params["cpus_per_task"]),
         "PYTHONUNBUFFERED": "1",
+        # The point's nodes run as ranks on this host: the job records the nodes asked for.
+        EMULATED_NODES: str(point.params["nodes"]),
         **manifest.profile["env"],
     }
     argv = [
@@ -74,6 +103,7 @@ def run_local_points(sweep_dir: Path, point_ids: Sequence[str] | None = None) ->
     todo = [p for p in manifest.points if point_ids is None or p.point_id in point_ids]
     concurrency = 1 if manifest.spec["serial"] else int(manifest.spec["max_concurrent"] or 1)
     (sweep_dir / "logs").mkdir(exist_ok=True)
+    is_open_mpi = open_mpi()
     with parsl.load(local_config(sweep_dir / "parsl", concurrency)):
         futures: dict[concurrent.futures.Future[Any], str] = {}
         for point in todo:
@@ -82,7 +112,7 @@ def run_local_points(sweep_dir: Path, point_ids: Sequence[str] | None = None) ->
                 sweep_dir / "logs" / f"{manifest.name}-{point.array}_local_{point.array_index}.out"
             )
             future = _train_point(
-                point_command(manifest, sweep_dir, point),
+                f"{mpi_prefix(ranks, is_open_mpi)} {point_command(manifest, sweep_dir, point)}",
                 parsl_resource_specification={
                     "num_nodes": 1,
                     "num_ranks": ranks,

@@ -12,17 +12,22 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import parsl
 from parsl.app.app import python_app
+from parsl.dataflow.errors import DependencyError
 
+from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.rundir import RUN
 from kfac_hpc.contracts.states import LIVE, PointState
 from kfac_hpc.sweep.backends import backend_for
+from kfac_hpc.sweep.errors import WorkflowError
 from kfac_hpc.sweep.follow import status
 from kfac_hpc.sweep.manifest import Manifest, read_manifest
+from kfac_hpc.sweep.slurm import SlurmError
 from kfac_hpc.sweep.submit import PreparedSweep
 from kfac_hpc.workflows.configs import login_config
 
@@ -134,9 +139,34 @@ def run_sweep(prepared: PreparedSweep, poll_s: float = 2.0) -> str:
     sweep_dir = prepared.sweep_dir
     backend = backend_for(prepared.backend)
     if backend.runs_in_process:
-        backend.submit(prepared)
-        return report(sweep_dir)
+        done: Future[Any] = Future()
+        try:
+            backend.submit(prepared)
+            done.set_result(report(sweep_dir))
+        except Exception as exc:  # reported as the step's own error, as below
+            done.set_exception(exc)
+        return str(_step_result({"run": done}))
     with parsl.load(login_config(sweep_dir / "parsl")):
         submitted = _submit_app(prepared)
         finished = _wait_app(sweep_dir, poll_s, inputs=[submitted])
-        return str(_report_app(sweep_dir, inputs=[finished]).result())
+        reported = _report_app(sweep_dir, inputs=[finished])
+        return str(_step_result({"submit": submitted, "wait": finished, "report": reported}))
+
+
+def _step_result(steps: dict[str, Future[Any]]) -> Any:
+    """The last step's result. A failed step's own error is raised (bad input and Slurm errors
+    as they are, anything else as :class:`WorkflowError`), never Parsl's DependencyError of the
+    steps after it."""
+    *_, last = steps.values()
+    try:
+        return last.result()
+    except Exception:
+        for name, future in steps.items():
+            exc = future.exception()
+            if exc is None or isinstance(exc, DependencyError):
+                continue
+            if isinstance(exc, InputError | SlurmError | WorkflowError):
+                raise exc from None
+            text = " ".join(str(exc).split())[:300]
+            raise WorkflowError(f"step {name!r} failed: {type(exc).__name__}: {text}") from None
+        raise

@@ -19,6 +19,8 @@ from typing import Any
 from kfac_hpc.analysis.stats import percentile
 
 JSON = dict[str, Any]
+# The largest integer the tables hold (Parquet int64); a larger one in a record is a bad value.
+INT64_MAX = 2**63 - 1
 
 
 def number(value: Any) -> float | None:
@@ -26,7 +28,9 @@ def number(value: Any) -> float | None:
     kind = type(value)  # exact types: bool is not a number here, and this is the hot path
     if kind is float:
         return value if math.isfinite(value) else None
-    return float(value) if kind is int else None
+    if kind is int:
+        return float(value) if -INT64_MAX <= value <= INT64_MAX else None
+    return None
 
 
 def float_list(value: Any) -> list[float]:
@@ -97,6 +101,7 @@ class WindowStats:
     rank_step_s: list[float] = field(default_factory=list)  # per-rank step-weighted means
     rank_phases_s: dict[str, list[float]] = field(default_factory=dict)
     with_rank_phases: bool = False
+    out_of_range: int = 0  # window_steps or attempt values beyond int64, read as missing
     # attempt -> [first step, last step, last wall_s], from windows and evals alike
     spans: dict[int, list[float]] = field(default_factory=dict)
 
@@ -120,16 +125,29 @@ def _numbers(column: list[Any]) -> list[float] | None:
     """``column`` as floats when every value is a finite int or float (checked at C speed),
     else None."""
     kinds = set(map(type, column))
-    if not kinds <= {float, int} or not all(map(math.isfinite, column)):
+    if not kinds <= {float, int}:
+        return None
+    if int in kinds:  # an int beyond int64 is a bad value (as for number): value by value
+        ints = column if len(kinds) == 1 else [v for v in column if type(v) is int]
+        if ints and not -INT64_MAX <= min(ints) <= max(ints) <= INT64_MAX:
+            return None
+    if not all(map(math.isfinite, column)):
         return None
     return column if kinds == {float} else list(map(float, column))
 
 
-def _ints_at_least(column: list[Any], floor: int) -> list[int]:
-    """``column`` as ints >= ``floor`` (a missing or bad value becomes ``floor``)."""
-    if set(map(type, column)) == {int} and min(column, default=floor) >= floor:
-        return column
-    return [max(floor, int(number(v) or floor)) for v in column]
+def _ints_at_least(column: list[Any], floor: int) -> tuple[list[int], int]:
+    """``column`` as ints >= ``floor`` (a missing, bad or out-of-range value becomes ``floor``),
+    and how many of its numbers were beyond int64."""
+    if set(map(type, column)) == {int} and floor <= min(column) <= max(column) <= INT64_MAX:
+        return column, 0
+    beyond = sum(type(v) in (int, float) and not abs(v) <= INT64_MAX for v in column)
+    return [_int_at_least(number(v), floor) for v in column], beyond
+
+
+def _int_at_least(value: float | None, floor: int) -> int:
+    """``value`` as an int >= ``floor``; ``floor`` when it is missing or beyond int64."""
+    return floor if value is None or not floor <= value <= INT64_MAX else int(value)
 
 
 def _valid(records: list[JSON]) -> list[JSON]:
@@ -175,10 +193,11 @@ class WindowAccumulator:
             numeric = [_numbers([r.get(k) for r in records]) for k in ("step", "wall_s", "step_s")]
         steps_col, wall, step_s = (c or [] for c in numeric)
         step = list(map(int, steps_col))
-        window = _ints_at_least([r.get("window_steps") for r in records], 1)
-        attempts = _ints_at_least([r.get("attempt") for r in records], 0)
+        window, beyond_w = _ints_at_least([r.get("window_steps") for r in records], 1)
+        attempts, beyond_a = _ints_at_least([r.get("attempt") for r in records], 0)
         seconds = list(map(mul, step_s, window))
         s = self.stats
+        s.out_of_range = beyond_w + beyond_a
         s.windows, s.steps = len(records), sum(window)
         s.last_step = max(step, default=None)
         s.step_s, s.wall_s = array("d", step_s), array("d", wall)

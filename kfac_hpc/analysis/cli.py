@@ -10,6 +10,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -41,19 +42,32 @@ _format = click.option(
     show_default=True,
     help="Terminal output: an aligned table, CSV or JSON.",
 )
+
+
+class _Fraction(click.FloatRange):
+    """A number in [0, 1]; NaN (which every comparison lets through) is rejected."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if number != number:
+            self.fail(f"{value!r} is not a number in [0, 1]", param, ctx)
+        return number
+
+
 _target = click.option(
     "--target-accuracy",
-    type=click.FloatRange(0.0, 1.0),
+    type=_Fraction(0.0, 1.0),
     default=None,
     help="Accuracy for time-to-target, overriding each run's own target (compare at one bar).",
 )
 
 
-def _collect_or_exit(source: Path) -> Collection:
+def _collect_or_exit(source: Path, name: str = "SWEEP_DIR") -> Collection:
+    """The collection of ``source``; bad input (naming the argument ``name``) exits 2."""
     try:
         return collect(source)
     except CollectError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {name}: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
 
 
@@ -121,7 +135,7 @@ def collect_command(
 )
 @click.option(
     "--regression-threshold",
-    type=click.FloatRange(0.0, 1.0),
+    type=_Fraction(0.0, 1.0),
     default=0.05,
     show_default=True,
     help="Relative change (fraction) beyond which a worse figure counts as a regression.",
@@ -152,11 +166,13 @@ def report_command(
         click.echo(f"error: {exc}; install it: pip install 'kfac-hpc[report]'", err=True)
         sys.exit(EXIT_BAD_INPUT)
 
+    # The baseline first: a bad one is bad input before anything (a cache) is written.
+    base = None if baseline is None else _collect_or_exit(baseline, "--baseline")
     collection = _collect_or_exit(source)
     tables = build_tables(collection, target_accuracy)
     comparison = None
-    if baseline is not None:
-        base_tables = build_tables(_collect_or_exit(baseline), target_accuracy)
+    if base is not None:
+        base_tables = build_tables(base, target_accuracy)
         comparison = compare(tables.scaling, base_tables.scaling, regression_threshold)
     out_dir = out or source / "report"
     _write_or_exit(out_dir, lambda: write_tables(tables, out_dir / "tables"))

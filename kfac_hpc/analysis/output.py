@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ from kfac_hpc.analysis.tables import (
 from kfac_hpc.contracts.atomic import write_text_atomic
 
 Row = dict[str, Any]
+_INT64_MAX = 2**63 - 1
+_FLOAT_MAX = sys.float_info.max
 FORMATS = ("table", "csv", "json")
 # The runs-table columns a terminal shows (the files hold them all).
 RUN_TABLE_VIEW = (
@@ -91,9 +94,9 @@ def _column(values: list[Any]) -> tuple[str, list[Any]]:
     present = [v for v in values if v is not None]
     if present and all(type(v) is bool for v in present):
         return "bool", values
-    if all(type(v) is int for v in present):
+    if all(type(v) is int and -_INT64_MAX <= v <= _INT64_MAX for v in present):
         return "int64", values
-    if all(type(v) in (int, float) for v in present):
+    if all(type(v) is float or (type(v) is int and abs(v) <= _FLOAT_MAX) for v in present):
         return "double", [None if v is None else float(v) for v in values]
     as_text = [v if isinstance(v, str) else json.dumps(v, default=str) for v in present]
     texts = iter(as_text)

@@ -23,7 +23,9 @@ def _manifest_verdict(manifest: dict[str, Any]) -> Verdict:
             PointState.RUNNING,
             "no done/error marker: still running, or killed before it could write one",
         )
-    return Verdict(state, f"job {raw} (manifest)" + (", no done marker" * (state in ENDED_BADLY)))
+    detail = str(manifest.get("detail") or "")[:200]
+    text = f"job {raw} (manifest)" + (", no done marker" * (state in ENDED_BADLY))
+    return Verdict(state, text + (f": {detail}" if detail and state in ENDED_BADLY else ""))
 
 
 def row_state(

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from kfac_hpc.analysis import schema
-from kfac_hpc.analysis.aggregate import WindowAccumulator, WindowStats, number
+from kfac_hpc.analysis.aggregate import INT64_MAX, WindowAccumulator, WindowStats, number
 from kfac_hpc.analysis.run_state import row_state
-from kfac_hpc.contracts.records import EVAL, TRAIN
+from kfac_hpc.contracts.records import EVAL, RUN_FIELDS, TRAIN
 from kfac_hpc.contracts.rundir import CONFIG, METRICS, RUN, Marker, read_markers
 from kfac_hpc.contracts.states import ENDED_BADLY, PointState
 
@@ -108,6 +108,41 @@ def _check_schema(obj: JSON, where: str) -> None:
             f"{where}: schema {version!r} is not {schema.RUN_SCHEMA}; "
             "use a kfac-hpc version that reads it"
         )
+
+
+def _bad_value(value: Any, kind: Any) -> bool:
+    """A value that no table column can hold as its contract type: an integer beyond int64, a
+    non-integral or out-of-range number where an integer belongs, a number beyond a float."""
+    if type(value) is int:
+        return not -INT64_MAX <= value <= INT64_MAX
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if type(value) is float and int in kinds and float not in kinds:
+        return not (value.is_integer() and -INT64_MAX <= value <= INT64_MAX)
+    return False
+
+
+def _drop_bad_values(obj: JSON, where: str, notes: list[str]) -> None:
+    """Remove from ``obj`` (run.json or config.json, in place) the values of the wrong shape,
+    each with a note: the run stays in the tables without them."""
+    for key in [k for k, v in obj.items() if _bad_value(v, RUN_FIELDS.get(k, ()))]:
+        notes.append(f"{where}: {key} = {str(obj.pop(key))[:40]} is out of range (ignored)")
+
+
+def _drop_bad_steps(run: RunData) -> None:
+    """Attempts and steps of the records beyond int64 (a corrupt record) become a note."""
+    stats = run.stats
+    bad = [a for a in stats.spans if _bad_value(a, int) or _bad_value(stats.spans[a][1], int)]
+    bad_last = stats.last_step is not None and _bad_value(stats.last_step, int)
+    evals = [e for e in run.evals if not (_bad_value(e.attempt, int) or _bad_value(e.step, int))]
+    if not (bad or bad_last or len(evals) < len(run.evals) or stats.out_of_range):
+        return
+    for attempt in bad:
+        stats.spans.pop(attempt, None)
+        stats.compute_by_attempt.pop(attempt, None)
+    if bad_last:
+        stats.last_step = None
+    run.evals = evals
+    run.notes.append("metrics.jsonl: an attempt or step beyond int64 (ignored)")
 
 
 def _eval(obj: JSON) -> EvalPoint | None:
@@ -313,7 +348,11 @@ def read_run_dir(path: Path, point: JSON | None = None) -> RunData:
         if job_state in (PointState.PENDING, PointState.SUBMITTED, ""):
             run.reason = f"not started (job {job_state or 'unknown'})"
         elif job_state in ENDED_BADLY:
-            run.state, run.reason = schema.FAILED, f"job {job_state} before creating its run dir"
+            detail = str(point.get("detail") or "")[:200]
+            run.state = schema.FAILED
+            run.reason = f"job {job_state} before creating its run dir" + (
+                f": {detail}" if detail else ""
+            )
         else:
             run.state, run.reason = schema.MISSING, f"run directory {path} does not exist"
         return run
@@ -322,11 +361,13 @@ def read_run_dir(path: Path, point: JSON | None = None) -> RunData:
             setattr(run, target, _read_json(path / name) or {})
         except FileProblem as exc:
             run.notes.append(str(exc))
+        _drop_bad_values(getattr(run, target), name, run.notes)
     markers = read_markers(path)
     # A finished run's summary holds the per-rank figures; the records' arrays are not needed.
     finished = markers.done is not None and run.summary.get("state") == str(Marker.DONE)
     per_rank = all(key in run.summary for key in ("rank_phases_s", "samples_per_s_per_rank"))
     read_metrics(path / METRICS, run, rank_arrays=not (finished and per_rank))
+    _drop_bad_steps(run)
     run.state, run.reason = row_state(markers, run.summary, run.manifest)
     if run.state == schema.DONE and not run.config:
         run.notes.append("config.json missing: parameters taken from run.json")

@@ -17,11 +17,22 @@ launcher's own variables then disagree with them and win.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["LaunchError", "LaunchInfo", "MpiWorld", "discover_launch", "probe_mpi4py"]
+__all__ = [
+    "EMULATED_NODES",
+    "LaunchError",
+    "LaunchInfo",
+    "MpiWorld",
+    "discover_launch",
+    "probe_mpi4py",
+]
+
+# The variable a launcher sets to run a multi-node point's ranks on one host.
+EMULATED_NODES = "KFAC_HPC_EMULATED_NODES"
 
 
 class LaunchError(RuntimeError):
@@ -47,6 +58,9 @@ class LaunchInfo:
     local_rank: int
     local_world_size: int
     source: str
+    # Nodes a launcher emulates on one host (``KFAC_HPC_EMULATED_NODES``: the local sweep
+    # backend runs an N-node point's ranks on this machine); None for a real placement.
+    emulated_nodes: int | None = None
 
     @property
     def is_distributed(self) -> bool:
@@ -54,7 +68,10 @@ class LaunchInfo:
 
     @property
     def num_nodes(self) -> int:
-        """Nodes in the job, assuming the same number of ranks on each."""
+        """Nodes in the job, assuming the same number of ranks on each (the emulated count
+        when the launcher emulates nodes on one host)."""
+        if self.emulated_nodes is not None:
+            return self.emulated_nodes
         return max(1, self.world_size // max(1, self.local_world_size))
 
 
@@ -190,7 +207,21 @@ def discover_launch(
         info = LaunchInfo(0, 1, 0, 1, "single")
     _validate(info)
     _check_singleton_trap(env, info)
-    return info
+    return _with_emulated_nodes(env, info)
+
+
+def _with_emulated_nodes(env: Mapping[str, str], info: LaunchInfo) -> LaunchInfo:
+    """``info`` with ``KFAC_HPC_EMULATED_NODES`` applied: a count that divides the world size,
+    for ranks that all run on this host."""
+    nodes = _int(env, EMULATED_NODES)
+    if nodes is None:
+        return info
+    if nodes < 1 or info.world_size % nodes or info.local_world_size != info.world_size:
+        raise LaunchError(
+            f"{EMULATED_NODES}={nodes} needs all {info.world_size} rank(s) on one host and a "
+            "count that divides them; unset it"
+        )
+    return dataclasses.replace(info, emulated_nodes=nodes)
 
 
 def _validate(info: LaunchInfo) -> None:

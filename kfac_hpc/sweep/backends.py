@@ -115,6 +115,8 @@ def _ended(task: slurm.TaskState) -> tuple[Verdict | None, Verdict | None]:
             if task.state == "COMPLETED"
             else f"Slurm: {task.state}"
         )
+        if task.exit_code and task.exit_code != "0:0":
+            detail += f", exit status {task.exit_code}"
         return None, Verdict(_SLURM_ENDED[task.state], detail)
     return _live(task), None
 

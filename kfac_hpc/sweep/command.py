@@ -9,10 +9,10 @@ from typing import Any
 
 from kfac_hpc.contracts.options import OPTIONS
 
-__all__ = ["group_hash", "train_argv"]
+__all__ = ["NOT_TRAIN", "group_hash", "train_argv"]
 
 # Point parameters that describe the allocation or the repetition, not the training config.
-_NOT_TRAIN = {"nodes", "ranks_per_node", "gpus_per_node", "cpus_per_task", "repeat", "extra_args"}
+NOT_TRAIN = {"nodes", "ranks_per_node", "gpus_per_node", "cpus_per_task", "repeat", "extra_args"}
 
 
 def train_argv(params: Mapping[str, Any]) -> list[str]:
@@ -24,7 +24,7 @@ def train_argv(params: Mapping[str, Any]) -> list[str]:
     """
     argv: list[str] = []
     for name in sorted(params):
-        if name in _NOT_TRAIN:
+        if name in NOT_TRAIN:
             continue
         value, flag = params[name], f"--{name.replace('_', '-')}"
         option = OPTIONS.get(name)

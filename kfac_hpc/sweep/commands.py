@@ -9,6 +9,8 @@ The train settings and axes flags are made from the job's option table
 from __future__ import annotations
 
 import json
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -22,13 +24,13 @@ from kfac_hpc.contracts.options import ALIASES
 from kfac_hpc.contracts.states import PointState
 from kfac_hpc.sweep import slurm
 from kfac_hpc.sweep.backends import BACKEND_NAMES
-from kfac_hpc.sweep.errors import SweepInputError
+from kfac_hpc.sweep.errors import SweepInputError, WorkflowError
 from kfac_hpc.sweep.manifest import MANIFEST, read_manifest
 from kfac_hpc.sweep.spec import AXES, TRAIN_SETTINGS
 
 __all__ = ["cancel", "resume", "run", "status", "sweep"]
 
-_FAILURES = ((slurm.SlurmError, "Slurm error"),)
+_FAILURES = ((slurm.SlurmError, "Slurm error"), (WorkflowError, "workflow error"))
 _LIST = "comma-separated list"
 
 
@@ -159,7 +161,9 @@ def _sweep(
 
     spec = load_spec(Path(sweep_file) if sweep_file else None, fields)
     directory = Path(sweep_dir) if sweep_dir else Path("sweeps") / spec.name
-    prepared = prepare_sweep(spec, directory, backend, Path(template) if template else None)
+    prepared = prepare_sweep(
+        spec, directory, backend, Path(template) if template else None, load=not dry_run
+    )
     points = sum(len(s.points) for s in prepared.scripts)
     if dry_run:
         write_scripts(prepared)
@@ -171,9 +175,12 @@ def _sweep(
         return
     sweep_backend = backend_for(backend)
     if sweep_backend.runs_in_process or wait:
+        from kfac_hpc.sweep.progress_line import watching
         from kfac_hpc.workflows.sweep_flow import run_sweep
 
-        click.echo(run_sweep(prepared), nl=False)
+        with watching(prepared.sweep_dir, sys.stderr):
+            text = run_sweep(prepared)
+        click.echo(text, nl=False)
         final = read_manifest(prepared.sweep_dir).points
         unfinished = [p for p in final if PointState(p.state) is not PointState.DONE]
         if unfinished:
@@ -196,12 +203,21 @@ def _sweep(
 @sweep.command("status")
 @click.argument("sweep_dir")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per point.")
+@click.option(
+    "--watch", is_flag=True, help="Show a progress line until no point is live, then the table."
+)
+@click.option(
+    "--interval", default=2.0, type=click.FloatRange(0.1, 3600), help="Seconds between polls."
+)
 @guard("status", _FAILURES)
-def status(sweep_dir: str, as_json: bool) -> None:
+def status(sweep_dir: str, as_json: bool, watch: bool, interval: float) -> None:
     """State of every point of a sweep (its backend's view, and the run-dir markers)."""
     from kfac_hpc.sweep.follow import status as sweep_status
 
-    _, rows = sweep_status(_sweep_dir_arg(sweep_dir))
+    path = _sweep_dir_arg(sweep_dir)
+    if watch:
+        _watch(path, interval)
+    _, rows = sweep_status(path)
     if as_json:
         for row in rows:
             click.echo(json.dumps(asdict(row)))
@@ -215,6 +231,26 @@ def status(sweep_dir: str, as_json: bool) -> None:
     for r in rows:
         counts[r.state] = counts.get(r.state, 0) + 1
     click.echo(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+
+
+def _watch(sweep_dir: Path, interval_s: float) -> None:
+    """The progress line (on stderr) until no point is live on two polls in a row."""
+    from kfac_hpc.contracts.states import LIVE
+    from kfac_hpc.sweep.follow import status as sweep_status
+    from kfac_hpc.sweep.progress_line import ProgressLine, count_states
+
+    line = ProgressLine(sys.stderr)
+    settled = 0
+    try:
+        while settled < 2:
+            manifest, _ = sweep_status(sweep_dir)
+            line.update(count_states(p.state for p in manifest.points))
+            live = any(PointState(p.state) in LIVE for p in manifest.points)
+            settled = 0 if live else settled + 1
+            if settled < 2:
+                time.sleep(interval_s)
+    finally:
+        line.close()
 
 
 @sweep.command("resume")

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from kfac_hpc.contracts.errors import InputError
 
-__all__ = ["SweepInputError"]
+__all__ = ["SweepInputError", "WorkflowError"]
 
 
 class SweepInputError(InputError):
     """Bad user input. The CLI prints ``field: message`` on one line and exits 2."""
+
+
+class WorkflowError(RuntimeError):
+    """A workflow step failed for a reason other than bad input or the scheduler: one line
+    naming the step (``kfac-hpc sweep`` exits 1 with it)."""

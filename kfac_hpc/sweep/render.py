@@ -115,4 +115,9 @@ def render_array(
         raise SweepInputError(
             "template", f"{exc.message}; variables available: {', '.join(sorted(context))}"
         ) from None
+    except Exception as exc:  # a user's template expression that raises (1/0, a bad filter)
+        text = " ".join(str(exc).split())[:200]
+        raise SweepInputError(
+            "template", f"rendering failed: {type(exc).__name__}: {text}"
+        ) from None
     return ArrayScript(name=name, nodes=nodes, points=points, text=text)

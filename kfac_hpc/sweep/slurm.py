@@ -49,6 +49,7 @@ class TaskState:
     state: str
     reason: str = ""
     restarts: int = 0
+    exit_code: str = ""  # Slurm's ``status:signal`` of the batch script, e.g. ``1:0``
 
 
 def require_sbatch() -> None:
@@ -169,6 +170,7 @@ def scontrol_states(array_job_id: str) -> dict[int, TaskState]:
             fields.get("JobState", "UNKNOWN"),
             fields.get("Reason", ""),
             int(fields.get("Restarts", "0") or 0),
+            fields.get("ExitCode", ""),
         )
     return states
 
@@ -178,18 +180,20 @@ def sacct_states(array_job_ids: Iterable[str]) -> dict[tuple[str, int], TaskStat
     ids = sorted(set(array_job_ids))
     if not ids or shutil.which("sacct") is None:
         return None
-    out = _run(["sacct", "-n", "-P", "-X", "-j", ",".join(ids), "-o", "JobID,State,JobIDRaw"])
+    fields = "JobID,State,JobIDRaw,ExitCode"
+    out = _run(["sacct", "-n", "-P", "-X", "-j", ",".join(ids), "-o", fields])
     if out.returncode != 0:
         return None
     states: dict[tuple[str, int], TaskState] = {}
     for line in out.stdout.splitlines():
         parts = line.split("|")
-        if len(parts) != 3:
+        if len(parts) != 4:
             continue
         array_id, _, index = parts[0].partition("_")
         if index.isdigit():
             state = parts[1].split()[0]  # "CANCELLED by 0" -> CANCELLED
-            states[(array_id, int(index))] = TaskState(array_id, int(index), parts[2], state)
+            task = TaskState(array_id, int(index), parts[2], state, exit_code=parts[3])
+            states[(array_id, int(index))] = task
     return states
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -33,6 +34,8 @@ else:  # pragma: no cover - Python 3.10
 
 __all__ = [
     "AXES",
+    "MAX_COUNT",
+    "MAX_POINTS",
     "TRAIN_SETTINGS",
     "Point",
     "SweepSpec",
@@ -42,6 +45,10 @@ __all__ = [
     "point_id",
 ]
 
+# Upper bounds checked before anything is expanded: a count (nodes, ranks, repeats...) and the
+# number of points of one sweep.
+MAX_COUNT = 100_000
+MAX_POINTS = 10_000
 _ALIASED = {name for names, _ in ALIASES.values() for name in names}
 # Options a sweep may vary (each given as a list), and the fixed settings of its [train] table
 # (the aliases stand for the fields they set, as on the train command line).
@@ -141,18 +148,21 @@ def _coerce(fld: str, value: Any, kind: type) -> Any:
             return False
         raise SweepInputError(fld, f"{value!r} is not a boolean (use true/false)")
     if kind in (int, float):
-        if isinstance(value, bool):
-            raise SweepInputError(fld, f"{value!r} is not a number")
+        wanted = "an integer" if kind is int else "a number"
+        if not isinstance(value, int | float | str) or isinstance(value, bool):
+            raise SweepInputError(fld, f"{value!r} is not {wanted}")
         try:
             number = kind(value)
-        except (TypeError, ValueError):
-            raise SweepInputError(
-                fld, f"{value!r} is not {'an integer' if kind is int else 'a number'}"
-            ) from None
+        except (TypeError, ValueError, OverflowError):
+            raise SweepInputError(fld, f"{value!r} is not {wanted}") from None
+        if kind is float and not math.isfinite(number):
+            raise SweepInputError(fld, f"{value!r} is not a finite number")
         if kind is int and isinstance(value, float) and value != number:
             raise SweepInputError(fld, f"{value!r} is not an integer")
         return number
-    return check_line(fld, value if isinstance(value, str) else str(value))
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise SweepInputError(fld, f"{value!r} is not a string")
+    return check_line(fld, str(value))
 
 
 def _as_list(fld: str, value: Any, kind: type) -> tuple[Any, ...]:
@@ -176,17 +186,21 @@ def _as_list(fld: str, value: Any, kind: type) -> tuple[Any, ...]:
 
 
 def _positive(fld: str, value: int, minimum: int = 1) -> int:
-    if value < minimum:
-        raise SweepInputError(fld, f"{value} must be >= {minimum}")
+    if not minimum <= value <= MAX_COUNT:
+        raise SweepInputError(fld, f"{value} must be in [{minimum}, {MAX_COUNT}]")
     return value
 
 
 def _read_file(path: Path) -> dict[str, Any]:
     """The TOML file flattened to ``{field: value}``, unknown keys rejected."""
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
     except OSError as exc:
         raise SweepInputError("sweep_file", f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise SweepInputError(
+            "sweep_file", f"{path} is not UTF-8 text (byte {exc.start}); save it as UTF-8"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise SweepInputError("sweep_file", f"{path} is not valid TOML: {exc}") from None
     flat: dict[str, Any] = {}
@@ -204,6 +218,8 @@ def _read_file(path: Path) -> dict[str, Any]:
                 if sub not in AXES:
                     raise SweepInputError(f"axes.{sub}", f"unknown axis; valid: {', '.join(AXES)}")
                 flat[sub] = subval
+        elif key in ("train", "axes"):
+            raise SweepInputError(key, f"must be a table ([{key}]), got {value!r}")
         elif key in _TOP_FIELDS:
             flat[key] = value
         else:
@@ -250,8 +266,18 @@ def load_spec(sweep_file: Path | None, overrides: Mapping[str, Any]) -> SweepSpe
     def scalar(name: str, kind: type, default: Any) -> Any:
         return _coerce(name, raw[name], kind) if raw.get(name) is not None else default
 
+    repeats = scalar("repeats", int, 1)
+    if not 1 <= repeats <= MAX_POINTS:
+        raise SweepInputError("repeats", f"{repeats} must be in [1, {MAX_POINTS}]")
     train = _train_settings(raw, scalar)
     axes = {name: _axis(name, raw[name]) for name in AXES if name in raw}
+    total = len(nodes) * repeats * math.prod(len(values) for values in axes.values())
+    if total > MAX_POINTS:
+        raise SweepInputError(
+            "axes",
+            f"nodes x axes x repeats make {total} points, more than {MAX_POINTS}; "
+            "sweep fewer values or split the sweep",
+        )
     max_concurrent = scalar("max_concurrent", int, None)
     signal_seconds = scalar("signal_seconds", int, None)
     time = scalar("time", str, None)
@@ -261,7 +287,7 @@ def load_spec(sweep_file: Path | None, overrides: Mapping[str, Any]) -> SweepSpe
         ranks_per_node=_positive("ranks_per_node", scalar("ranks_per_node", int, 1)),
         gpus_per_node=_positive("gpus_per_node", scalar("gpus_per_node", int, 0), 0),
         cpus_per_task=_positive("cpus_per_task", scalar("cpus_per_task", int, 1)),
-        repeats=_positive("repeats", scalar("repeats", int, 1)),
+        repeats=repeats,
         train=train,
         axes=axes,
         max_concurrent=None
@@ -295,14 +321,25 @@ def _train_settings(raw: Mapping[str, Any], scalar: Any) -> TrainSettings:
         if value is None:
             continue
         if option is None:  # an alias: checked as the job reads it, passed on as written
-            try:
-                expand_aliases({name: value})
-            except InputError as exc:
-                raise SweepInputError(name, exc.reason) from None
-            values[name] = check_line(name, str(value)) if isinstance(value, str) else value
+            values[name] = _alias_value(name, value)
         else:
             values[name] = _option_value(option, value)
     return TrainSettings(values, _string_list("extra_args", raw.get("extra_args", ())))
+
+
+def _alias_value(name: str, value: Any) -> Any:
+    """A duration (``30m``, seconds) or, for ``checkpoint_every``, a step count: a string or a
+    finite number, checked as the job reads it and passed on as written."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (isinstance(value, str) or (number and math.isfinite(value))):
+        raise SweepInputError(name, f"{value!r} is not a duration; write e.g. 90s, 30m or 01:30:00")
+    try:
+        fields = expand_aliases({name: value})
+        for key, expanded in fields.items():
+            check_value(OPTIONS[key], expanded)
+    except InputError as exc:
+        raise SweepInputError(name, exc.reason) from None
+    return check_line(name, value) if isinstance(value, str) else value
 
 
 def expand_points(spec: SweepSpec) -> list[Point]:

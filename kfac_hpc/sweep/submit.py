@@ -20,6 +20,7 @@ from kfac_hpc.sweep.backends import backend_for
 from kfac_hpc.sweep.command import group_hash
 from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.manifest import MANIFEST, ArrayRecord, Manifest, PointRecord, now
+from kfac_hpc.sweep.points_check import check_loadable, check_train_values
 from kfac_hpc.sweep.profile import SiteProfile, load_profile, train_command
 from kfac_hpc.sweep.render import ArrayScript, load_template, render_array
 from kfac_hpc.sweep.spec import Point, SweepSpec, expand_points
@@ -97,7 +98,16 @@ def _check_partition_fits(nodes: int, partition: str | None, sbatch_args: Sequen
             )
 
 
+# The folders a sweep writes into its directory.
+SUBDIRS = ("scripts", "logs", "runs", "parsl", "report", "failed")
+
+
 def _check_sweep_dir(sweep_dir: Path) -> None:
+    if sweep_dir.exists() and not sweep_dir.is_dir():
+        raise SweepInputError(
+            "sweep_dir", f"{sweep_dir} exists and is not a directory; choose another --sweep-dir"
+        )
+    _check_subdirs(sweep_dir)
     if (sweep_dir / MANIFEST).exists():
         raise SweepInputError(
             "sweep_dir",
@@ -113,10 +123,27 @@ def _check_sweep_dir(sweep_dir: Path) -> None:
         )
 
 
+def _check_subdirs(sweep_dir: Path) -> None:
+    """The sweep's own folders are folders (or absent) before anything is written."""
+    for sub in SUBDIRS:
+        path = sweep_dir / sub
+        if (path.exists() or path.is_symlink()) and not path.is_dir():
+            raise SweepInputError(
+                "sweep_dir",
+                f"{path} exists and is not a directory; remove it or choose another --sweep-dir",
+            )
+
+
 def prepare_sweep(
-    spec: SweepSpec, sweep_dir: Path, backend: str, template: Path | None = None
+    spec: SweepSpec,
+    sweep_dir: Path,
+    backend: str,
+    template: Path | None = None,
+    *,
+    load: bool = True,
 ) -> PreparedSweep:
-    """Validate and render every array; raises InputError before touching the cluster."""
+    """Validate and render every array; raises InputError before touching the cluster or
+    writing anything. ``load``: also load every point's dataset and build its model."""
     sweep_backend = backend_for(backend)
     profile = load_profile(spec.profile)
     for arg in (*profile.sbatch_args, *spec.sbatch_args):
@@ -132,6 +159,9 @@ def prepare_sweep(
             max(spec.nodes), profile.partition, (*profile.sbatch_args, *spec.sbatch_args)
         )
     points = expand_points(spec)
+    check_train_values(points)
+    if load:
+        check_loadable(points)
     scripts = tuple(
         render_array(tmpl, spec, profile, name, group)
         for name, group in plan_arrays(points, spec.nodes, max_size - 1)

@@ -14,6 +14,7 @@ import importlib.util
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ import torch
 
 from kfac_hpc.train.config import TrainConfig
 
-__all__ = ["DataSource", "ShardedBatches", "load_data", "read_cifar10_batch"]
+__all__ = ["DataSource", "ShardedBatches", "digits_arrays", "load_data", "read_cifar10_batch"]
 
 _POOL_BYTES = 64 * 2**20  # synthetic data cycles through a pool of at most this many bytes
 _CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
@@ -57,12 +58,17 @@ def _tensor_source(
     )
 
 
-def _digits(seed: int) -> DataSource:
-    """scikit-learn's 1,797 8x8 digits, standardised; a fixed 80/20 split (seed 0 always, so
-    every run tests on the same images)."""
-    from sklearn.datasets import load_digits
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The digits as shipped: images (1797, 64) uint8 in [0, 16], labels (1797,) uint8."""
+    with resources.files("kfac_hpc").joinpath("data/digits.npz").open("rb") as fh:
+        data = np.load(fh)
+        return data["images"], data["labels"]
 
-    images, labels = load_digits(return_X_y=True)
+
+def _digits(seed: int) -> DataSource:
+    """The 1,797 8x8 UCI digits (scikit-learn's copy, shipped in ``kfac_hpc/data``),
+    standardised; a fixed 80/20 split (seed 0 always, so every run tests on the same images)."""
+    images, labels = digits_arrays()
     x = torch.tensor(images, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
     y = torch.tensor(labels, dtype=torch.int64)
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -31,3 +32,24 @@ def cli(
         timeout=timeout,
         cwd=cwd,
     )
+
+
+SCALING_HEADER = ["group", "nodes", "runs", "points", "samples_per_s_median"]
+
+
+def assert_scaling_report(
+    out: subprocess.CompletedProcess[str], sweep_dir: Path, done: set[int], points: int = 1
+):
+    """``out`` (of a sweep that waited) printed the collector's scaling table: one row per
+    point group, those of the node counts in ``done`` with a measured throughput, and wrote
+    the report with its tables."""
+    lines = [line for line in out.stdout.splitlines() if line.strip()]
+    assert lines and lines[0].split()[:5] == SCALING_HEADER, out.stdout
+    assert len(lines) == 1 + points, out.stdout
+    assert len([line for line in lines[1:] if "mlp digits" in line]) == len(done), out.stdout
+    assert "report unavailable" not in out.stderr and "report failed" not in out.stderr
+    with open(sweep_dir / "report" / "tables" / "scaling.csv", newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if int(r["runs"]) > 0]
+    assert {int(r["nodes"]) for r in rows} == done
+    assert all(float(r["samples_per_s_median"]) > 0 for r in rows)
+    assert (sweep_dir / "report" / "report.html").is_file()

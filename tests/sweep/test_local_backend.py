@@ -10,7 +10,7 @@ import pytest
 
 from kfac_hpc.sweep.manifest import read_manifest
 from kfac_hpc.sweep.spec import expand_points
-from tests.sweep.helpers import cli, spec
+from tests.sweep.helpers import assert_scaling_report, cli, spec
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
@@ -68,8 +68,8 @@ def test_local_backend_runs_the_sweep_without_slurm_and_resumes_a_failed_point(t
     assert out.returncode == 1 and "1 point(s) did not finish" in out.stderr, out.stderr[-3000:]
     first = {p.point_id: p.state for p in read_manifest(sweep_dir).points}
     assert first == {p.point_id: ("failed" if p.point_id == blocked else "done") for p in points}
-    # The workflow's last stage: the collector's report (or the collected run list).
-    assert "mlp digits" in out.stdout or blocked in out.stdout
+    # The workflow's last stage: the collector's scaling table (the done point's node count).
+    assert_scaling_report(out, sweep_dir, {1}, points=2)
 
     resumed = cli("resume", str(sweep_dir), env=env, timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -82,6 +82,7 @@ def test_local_backend_runs_the_sweep_without_slurm_and_resumes_a_failed_point(t
         run = json.loads((sweep_dir / point.run_dir / "run.json").read_text())
         assert run["state"] == "done" and run["steps"] == 10
         assert run["world_size"] == point.params["nodes"]  # nodes x 1 rank, all on this host
+        assert run["nodes"] == point.params["nodes"]  # the nodes asked for, emulated here
         assert point.job_id == "local" and point.attempts == (2 if point.point_id == blocked else 1)
     status = cli("status", str(sweep_dir), env=env)
     assert status.returncode == 0 and "2 done" in status.stdout

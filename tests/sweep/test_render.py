@@ -157,6 +157,40 @@ def test_other_exit_codes_pass_through_without_requeue(tmp_path):
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("code", ["1", "137"])
+def test_a_failing_launcher_without_an_end_marker_leaves_an_error_marker(launcher, code, tmp_path):
+    script = _script_without_setup(tmp_path, launcher)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = _stub_env(tmp_path, launcher, STUB_EXIT=code)
+    out = subprocess.run(
+        ["bash", str(script)], env=env, cwd=work, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == int(code)
+    (run_dir,) = (work / "runs").iterdir()
+    message = (run_dir / "error").read_text()
+    assert f"the launcher exited with status {code} without an end marker" in message
+    assert sorted(p.name for p in run_dir.iterdir()) == ["error"]
+
+
+@pytest.mark.parametrize("marker", ["error", "done"])
+def test_a_failing_launcher_keeps_the_jobs_own_end_marker(marker, tmp_path):
+    script = _script_without_setup(tmp_path, "srun")
+    work = tmp_path / "work"
+    script_text = script.read_text()
+    run_dir = work / script_text.split("run_dir=", 1)[1].split(";", 1)[0].strip("'")
+    run_dir.mkdir(parents=True)
+    (run_dir / marker).write_text("the job's own message\n")
+    env = _stub_env(tmp_path, "srun", STUB_EXIT="1")
+    out = subprocess.run(
+        ["bash", str(script)], env=env, cwd=work, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 1
+    assert (run_dir / marker).read_text() == "the job's own message\n"
+    assert sorted(p.name for p in run_dir.iterdir()) == [marker]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_usr2_to_the_batch_shell_reaches_the_launcher_and_requeues(launcher, tmp_path):
     script = _script_without_setup(tmp_path, launcher)
     env = _stub_env(tmp_path, launcher)
