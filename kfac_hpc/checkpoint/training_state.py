@@ -293,9 +293,11 @@ def check_schema(path: Path, tree: Mapping[str, Any]) -> None:
     optimizer = tree.get("optimizer")
     _require(
         optimizer is None
-        or (isinstance(optimizer, Mapping)
-        and isinstance(optimizer.get("param_groups"), list)
-        and isinstance(optimizer.get("state"), Mapping)),
+        or (
+            isinstance(optimizer, Mapping)
+            and isinstance(optimizer.get("param_groups"), list)
+            and isinstance(optimizer.get("state"), Mapping)
+        ),
         path,
         "optimizer state incomplete",
     )
