@@ -8,6 +8,7 @@ from torch import nn
 
 from kfac_hpc import KFACPreconditioner
 from kfac_hpc.optim.layers import make_layer
+from tests.conftest import require_module
 from tests.optim.helpers import dense_factors, output_grad
 
 CONVS = {
@@ -91,7 +92,7 @@ class _Net(nn.Module):
 def test_factors_match_curvlinops_kfac(name: str) -> None:
     """curvlinops' KFAC (expand, empirical Fisher, mean CE loss, bias folded in) has exactly our
     A and G: A = mean over rows of a aᵀ, G = N Σ_rows g gᵀ for the batch-mean loss."""
-    curvlinops = pytest.importorskip("curvlinops")
+    curvlinops = require_module("curvlinops")
     torch.manual_seed(0)
     net = _Net(CONVS[name]).double()
     x = torch.randn(6, net.conv.in_channels, 7, 6, dtype=torch.float64)
