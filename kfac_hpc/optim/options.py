@@ -20,7 +20,14 @@ from kfac_hpc.contracts.options import OPTIONS
 from kfac_hpc.optim.layers import KFACApprox
 from kfac_hpc.optim.schedules import Hyperparameter, ScheduledValue
 
-__all__ = ["AssignmentStrategy", "ComputeMethod", "GradScalerLike", "KFACApprox", "KFACOptions"]
+__all__ = [
+    "AssignmentStrategy",
+    "ComputeMethod",
+    "DampingMode",
+    "GradScalerLike",
+    "KFACApprox",
+    "KFACOptions",
+]
 
 
 class ComputeMethod(enum.Enum):
@@ -28,6 +35,15 @@ class ComputeMethod(enum.Enum):
 
     EIGEN = "eigen"
     INVERSE = "inverse"
+
+
+class DampingMode(enum.Enum):
+    """How the inverse method damps A and G: ``pi_split`` (λ_A = π√λ, λ_G = √λ/π, the
+    Martens & Grosse π correction) or ``per_factor`` (λ added to each factor, the reference
+    library's convention)."""
+
+    PI_SPLIT = "pi_split"
+    PER_FACTOR = "per_factor"
 
 
 class GradScalerLike(Protocol):
@@ -86,6 +102,7 @@ class KFACOptions:
     assignment_strategy: AssignmentStrategy | str = AssignmentStrategy.COMPUTE
     colocate_factors: bool = True
     compute_method: ComputeMethod | str = ComputeMethod.EIGEN
+    damping_mode: DampingMode | str = DampingMode.PI_SPLIT
     compute_eigenvalue_outer_product: bool = True
     grad_worker_fraction: str | float = "comm-opt"
     symmetry_aware: bool = False
@@ -105,6 +122,7 @@ class KFACOptions:
         )
         self.compute_method = _choice("compute_method", self.compute_method, ComputeMethod)
         self.kfac_approx = _choice("kfac_approx", self.kfac_approx, KFACApprox)
+        self.damping_mode = _choice("damping_mode", self.damping_mode, DampingMode)
         for name in (
             "colocate_factors",
             "compute_eigenvalue_outer_product",

@@ -38,7 +38,7 @@ from kfac_hpc.optim.factors import LayerFactors
 from kfac_hpc.optim.kfac_state import KFACStateMixin
 from kfac_hpc.optim.layer_state import LayerState
 from kfac_hpc.optim.layers import KFACApprox, KFACLayer, make_layer
-from kfac_hpc.optim.options import ComputeMethod, GradScalerLike, KFACOptions
+from kfac_hpc.optim.options import ComputeMethod, DampingMode, GradScalerLike, KFACOptions
 from kfac_hpc.optim.schedules import Hyperparameter
 from kfac_hpc.optim.second_order_update import SecondOrderUpdate
 
@@ -72,6 +72,7 @@ class KFACPreconditioner(KFACStateMixin):
         assignment_strategy: AssignmentStrategy | str = AssignmentStrategy.COMPUTE,
         colocate_factors: bool = True,
         compute_method: ComputeMethod | str = ComputeMethod.EIGEN,
+        damping_mode: DampingMode | str = DampingMode.PI_SPLIT,
         compute_eigenvalue_outer_product: bool = True,
         grad_worker_fraction: str | float = "comm-opt",
         symmetry_aware: bool = False,
@@ -96,6 +97,7 @@ class KFACPreconditioner(KFACStateMixin):
             assignment_strategy=assignment_strategy,
             colocate_factors=colocate_factors,
             compute_method=compute_method,
+            damping_mode=damping_mode,
             compute_eigenvalue_outer_product=compute_eigenvalue_outer_product,
             grad_worker_fraction=grad_worker_fraction,
             symmetry_aware=symmetry_aware,
@@ -131,6 +133,7 @@ class KFACPreconditioner(KFACStateMixin):
             ComputeMethod(self.options.compute_method),
             self.options.inv_dtype,
             self.options.compute_eigenvalue_outer_product,
+            DampingMode(self.options.damping_mode),
         )
         for state in self.states.values():
             state.holders = self._factor_holders(state.name)

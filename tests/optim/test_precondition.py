@@ -46,13 +46,18 @@ def _dense_eigen(
 
 
 def _dense_inverse(
-    a: torch.Tensor, g: torch.Tensor, grad: torch.Tensor, damping: float
+    a: torch.Tensor, g: torch.Tensor, grad: torch.Tensor, damping: float, mode: str = "pi_split"
 ) -> torch.Tensor:
-    """(G + λ_G I)⁻¹ ∇W (A + λ_A I)⁻¹ with π = sqrt((tr A/n_A)/(tr G/n_G)), by hand."""
+    """(G + λ_G I)⁻¹ ∇W (A + λ_A I)⁻¹, by hand: λ_A = π√λ, λ_G = √λ/π with
+    π = sqrt((tr A/n_A)/(tr G/n_G)) (``pi_split``), or λ_A = λ_G = λ (``per_factor``)."""
     if a.dim() == 3:
-        return torch.stack([_dense_inverse(a[i], g[i], grad[i], damping) for i in range(len(a))])
+        return torch.stack(
+            [_dense_inverse(a[i], g[i], grad[i], damping, mode) for i in range(len(a))]
+        )
     pi = math.sqrt((a.trace().item() / a.shape[0]) / (g.trace().item() / g.shape[0]))
     lam_a, lam_g = pi * math.sqrt(damping), math.sqrt(damping) / pi
+    if mode == "per_factor":
+        lam_a = lam_g = damping
     eye_a, eye_g = torch.eye(a.shape[0], dtype=a.dtype), torch.eye(g.shape[0], dtype=g.dtype)
     return torch.linalg.inv(g + lam_g * eye_g) @ grad @ torch.linalg.inv(a + lam_a * eye_a)
 
@@ -76,16 +81,25 @@ def test_eigen_equals_dense_kronecker_solve(outer: bool) -> None:
         torch.testing.assert_close(layer.grad_matrix(), expected, rtol=1e-9, atol=1e-12)
 
 
-def test_inverse_equals_factored_damping_formula() -> None:
+@pytest.mark.parametrize("mode", [None, "pi_split", "per_factor"])
+def test_inverse_equals_factored_damping_formula(mode: str | None) -> None:
+    """Both damping modes of the inverse method; the default (None) is ``pi_split``."""
     model = _model()
     damping = 0.01
+    extra = {} if mode is None else {"damping_mode": mode}
     pre = KFACPreconditioner(
-        model, damping=damping, kl_clip=None, inv_dtype=torch.float64, compute_method="inverse"
+        model,
+        damping=damping,
+        kl_clip=None,
+        inv_dtype=torch.float64,
+        compute_method="inverse",
+        **extra,
     )
     before = _run_step(pre, model)
     state = pre.state_dict()["layers"]
     for name, layer in pre.layers.items():
-        expected = _dense_inverse(state[name]["A"], state[name]["G"], before[name], damping)
+        a, g = state[name]["A"], state[name]["G"]
+        expected = _dense_inverse(a, g, before[name], damping, mode or "pi_split")
         torch.testing.assert_close(layer.grad_matrix(), expected, rtol=1e-9, atol=1e-12)
 
 
