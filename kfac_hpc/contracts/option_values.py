@@ -12,11 +12,14 @@ from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.grad_workers import check_grad_worker_fraction
 from kfac_hpc.contracts.options import Option
 
-__all__ = ["INT_MAX", "check_value", "coerce_value", "expand_aliases", "range_problem"]
+__all__ = ["FLOAT_MAX", "INT_MAX", "check_value", "coerce_value", "expand_aliases", "range_problem"]
 
 # The largest value of an integer option without its own ``maximum`` (32-bit signed: steps,
 # sizes and counts are stored in int32/int64 tensors and HDF5 attributes).
 INT_MAX = 2**31 - 1
+# The largest value of a float option without its own ``maximum`` (far past any real setting,
+# far below where products with it overflow).
+FLOAT_MAX = 1e12
 
 # Range checks of numbers: accept, and the valid range in words.
 _RANGES = {
@@ -87,8 +90,8 @@ def range_problem(option: Option, value: float) -> str | None:
         if not accept(value):
             return valid
     limit = option.maximum
-    if limit is None and option.kind in ("int", "ints"):
-        limit = INT_MAX
+    if limit is None:
+        limit = INT_MAX if option.kind in ("int", "ints") else FLOAT_MAX
     if limit is not None and not value <= limit:
         shown = int(limit) if float(limit).is_integer() else limit
         return f"at most {shown}"
