@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -79,6 +80,30 @@ def parse_rank_records(stdout: str, marker: str = '{"rank"') -> list[dict[str, A
 def _must_not_skip() -> bool:
     """Under `make test` and in CI every system piece is installed: absence is a failure."""
     return os.environ.get("KFAC_HPC_REQUIRE_SLURM") == "1" or bool(os.environ.get("CI"))
+
+
+def require_module(name: str) -> Any:
+    """Import ``name`` (a test dependency `make venv` installs); under `make test`/CI its
+    absence fails the test instead of skipping it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        if _must_not_skip():
+            pytest.fail(f"{name} missing: `make venv` installs it ({exc})")
+        pytest.skip(f"{name} not installed")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Under `make test`/CI a skip for a module that could not be imported (a bare
+    ``pytest.importorskip``) is a failure: every test dependency is installed there."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and _must_not_skip() and call.excinfo is not None:
+        reason = str(call.excinfo.value)
+        if reason.startswith("could not import"):
+            report.outcome = "failed"
+            report.longrepr = f"must not skip under make test/CI: {reason}"
 
 
 @pytest.fixture(scope="session")

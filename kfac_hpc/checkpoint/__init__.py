@@ -23,6 +23,7 @@ from kfac_hpc.checkpoint.training_state import (
     RestoredState,
     TrainingState,
     capture_training_state,
+    check_restorable,
     restore_training_state,
 )
 
@@ -37,6 +38,7 @@ __all__ = [
     "RestoredState",
     "TrainingState",
     "capture_training_state",
+    "check_restorable",
     "init_factors_from",
     "load_checkpoint",
     "read_checkpoint",

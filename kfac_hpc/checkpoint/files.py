@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -116,7 +117,12 @@ def write_latest(directory: Path, name: str) -> None:
         fh.write(name + "\n")
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, directory / LATEST)
+    try:
+        os.replace(tmp, directory / LATEST)
+    except OSError as exc:  # e.g. a directory named `latest`: readers fall back to the newest
+        tmp.unlink(missing_ok=True)
+        warnings.warn(f"cannot update {directory / LATEST}: {exc}", stacklevel=2)
+        return
     fsync_path(directory)
 
 
@@ -124,7 +130,7 @@ def read_latest(directory: Path) -> Path | None:
     """The file ``latest`` names, if it names a checkpoint in ``directory``."""
     try:
         name = (directory / LATEST).read_text(encoding="utf-8").strip()
-    except (FileNotFoundError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError):  # absent, a directory, unreadable: no pointer
         return None
     if not CHECKPOINT_RE.match(name):
         return None
@@ -135,18 +141,21 @@ def list_checkpoints(directory: Path) -> list[Path]:
     """Published checkpoint files in ``directory``, newest step first."""
     if not directory.is_dir():
         return []
-    found = [p for p in directory.iterdir() if CHECKPOINT_RE.match(p.name)]
+    found = [p for p in directory.iterdir() if CHECKPOINT_RE.match(p.name) and p.is_file()]
     return sorted(found, key=lambda p: checkpoint_step(p) or 0, reverse=True)
 
 
 def prune(directory: Path, keep: int, protect: Path) -> list[Path]:
-    """Delete all but the ``keep`` newest checkpoints, never ``protect``; returns what went."""
+    """Keep ``protect`` (the checkpoint just written and verified) and the ``keep - 1`` newest
+    older ones; delete the older rest. Files of later steps (left by an earlier attempt that
+    a resume could not use) are not counted and not deleted. Returns what went."""
+    step = checkpoint_step(protect) or 0
+    older = [p for p in list_checkpoints(directory) if (checkpoint_step(p) or 0) < step]
     removed = []
-    for old in list_checkpoints(directory)[keep:]:
-        if old != protect:
-            with contextlib.suppress(FileNotFoundError):
-                old.unlink()
-            removed.append(old)
+    for old in older[max(0, keep - 1) :]:
+        with contextlib.suppress(FileNotFoundError):
+            old.unlink()
+        removed.append(old)
     return removed
 
 

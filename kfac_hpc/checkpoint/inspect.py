@@ -17,6 +17,8 @@ from kfac_hpc.checkpoint.files import open_h5, read_latest
 from kfac_hpc.checkpoint.hdf5_tree import KIND, unescape_key, walk_datasets
 from kfac_hpc.checkpoint.manager import read_checkpoint
 from kfac_hpc.checkpoint.training_state import CheckpointError
+from kfac_hpc.cli_errors import guard
+from kfac_hpc.contracts.errors import InputError
 
 __all__ = ["CheckpointReport", "checkpoint", "describe", "resolve_path"]
 
@@ -42,16 +44,22 @@ class CheckpointReport:
         return self.complete and not self.problems
 
 
-def resolve_path(path: Path) -> Path:
-    """The checkpoint file PATH means; click.BadParameter if there is none."""
-    if path.is_dir():
-        directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-        latest = read_latest(directory)
-        if latest is None or not latest.is_file():
-            raise click.BadParameter(f"{path} holds no `latest` checkpoint", param_hint="PATH")
-        return latest
-    if not path.is_file():
-        raise click.BadParameter(f"{path} does not exist", param_hint="PATH")
+def resolve_path(path: Path | str) -> Path:
+    """The checkpoint file PATH means; InputError (field ``PATH``) if there is none."""
+    if not str(path).strip():
+        raise InputError("PATH", "empty; give a checkpoint file, run dir or checkpoints/")
+    path = Path(path)
+    try:
+        if path.is_dir():
+            directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+            latest = read_latest(directory)
+            if latest is None or not latest.is_file():
+                raise InputError("PATH", f"{path} holds no `latest` checkpoint; give a .h5 file")
+            return latest
+        if not path.is_file():
+            raise InputError("PATH", f"{path} does not exist or is not a file")
+    except OSError as exc:  # e.g. a name too long
+        raise InputError("PATH", f"{str(path)[:60]!r}: {exc.strerror}") from None
     return path
 
 
@@ -113,8 +121,9 @@ def checkpoint() -> None:
 
 
 @checkpoint.command("inspect")
-@click.argument("path", type=click.Path(path_type=Path))
-def inspect_cmd(path: Path) -> None:
+@click.argument("path", type=str)
+@guard("checkpoint inspect")
+def inspect_cmd(path: str) -> None:
     """Print what checkpoint PATH holds: step, world size, layers, sizes, validity."""
     report = describe(resolve_path(path))
     click.echo(f"file:        {report.path}")
@@ -136,8 +145,9 @@ def inspect_cmd(path: Path) -> None:
 
 
 @checkpoint.command("verify")
-@click.argument("path", type=click.Path(path_type=Path))
-def verify_cmd(path: Path) -> None:
+@click.argument("path", type=str)
+@guard("checkpoint verify")
+def verify_cmd(path: str) -> None:
     """Check every checksum of checkpoint PATH: exit 0 valid, 1 corrupt, 2 bad input."""
     report = describe(resolve_path(path))
     if report.valid:

@@ -38,6 +38,7 @@ from kfac_hpc.checkpoint.training_state import (
     CheckpointMismatchError,
     LoadedCheckpoint,
     TrainingState,
+    check_schema,
     check_shapes,
     saved_method_state,
 )
@@ -61,6 +62,7 @@ def read_checkpoint(path: Path, locking: bool | str | None = None) -> LoadedChec
                     f"{path}: schema version {version}, this kfac-hpc reads {SCHEMA_VERSION}"
                 )
             tree = read_tree(h5)
+        check_schema(path, tree)
     except CheckpointError:
         raise
     except Exception as exc:  # a damaged file can make h5py fail in many ways; all mean corrupt
@@ -90,10 +92,19 @@ def load_checkpoint(path: Path | str, locking: bool | str | None = None) -> Load
     return read_checkpoint(path, locking)
 
 
-def _first_good(candidates: list[Path], locking: bool | str | None) -> LoadedCheckpoint | None:
+def _first_good(
+    candidates: list[Path],
+    locking: bool | str | None,
+    accept: Callable[[LoadedCheckpoint], object] | None = None,
+) -> LoadedCheckpoint | None:
+    """The first candidate that reads, verifies and (``accept`` raising CheckpointError when
+    not) fits; the others are skipped with a warning."""
     for candidate in candidates:
         try:
-            return read_checkpoint(candidate, locking)
+            found = read_checkpoint(candidate, locking)
+            if accept is not None:
+                accept(found)
+            return found
         except CheckpointError as exc:
             warnings.warn(f"skipping checkpoint: {exc}", stacklevel=3)
     return None
@@ -155,14 +166,8 @@ class CheckpointManager:
         self._gloo_group: Any = None
         self.compression = compression
         self.locking = locking
-        if rank == 0:
-            # Leftovers of a writer that died: temporaries, and files it published but had
-            # not pruned yet (the one `latest` names is always kept).
-            self.directory.mkdir(parents=True, exist_ok=True)
+        if rank == 0:  # temporaries of a writer that died (nothing published is touched)
             remove_stale_temporaries(self.directory)
-            latest = read_latest(self.directory)
-            if latest is not None:
-                prune(self.directory, keep, protect=latest)
 
     @property
     def _distributed(self) -> bool:
@@ -238,9 +243,14 @@ class CheckpointManager:
         per_rank: Mapping[int, Any],
         check: Callable[[], None] | None = None,
     ) -> None:
-        """Rank 0: write the file atomically, point ``latest`` at it, prune old ones.
-        ``check`` runs once the content is written, before the file is marked complete; if it
-        raises, nothing is published."""
+        """Rank 0: publish ``path``, point ``latest`` at it, prune older ones. ``check`` runs
+        once the content is written, before the file is marked complete; if it raises, nothing
+        is published. Nothing is created or deleted before the first save (a resume must load
+        first); a directory in the way of ``path`` skips this checkpoint with a warning."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if path.exists() and not path.is_file():
+            warnings.warn(f"checkpoint skipped: {path} exists and is not a file", stacklevel=3)
+            return
 
         def fill(h5: h5py.File) -> None:
             write_tree(h5, state.shared, compression=self.compression)
@@ -257,13 +267,16 @@ class CheckpointManager:
         """Published checkpoint files, newest first."""
         return list_checkpoints(self.directory)
 
-    def load_latest(self) -> LoadedCheckpoint | None:
+    def load_latest(
+        self, accept: Callable[[LoadedCheckpoint], object] | None = None
+    ) -> LoadedCheckpoint | None:
         """The newest complete, valid checkpoint (None if there is none); collective if P > 1.
 
-        Incomplete or corrupt files are skipped with a warning. With several ranks, all agree
-        on the smallest step any rank could read, so they resume together.
+        Incomplete, corrupt or (``accept`` raising CheckpointError) unfitting files are
+        skipped with a warning. With several ranks, all agree on the smallest step any rank
+        could read, so they resume together.
         """
-        found = _first_good(_candidates(self.directory), self.locking)
+        found = _first_good(_candidates(self.directory), self.locking, accept)
         if not self._distributed:
             return found
         step = torch.tensor([found.step if found else -1], dtype=torch.int64)

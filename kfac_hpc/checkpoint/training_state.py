@@ -41,6 +41,8 @@ __all__ = [
     "RestoredState",
     "TrainingState",
     "capture_training_state",
+    "check_restorable",
+    "check_schema",
     "check_shapes",
     "restore_training_state",
     "saved_method_state",
@@ -263,6 +265,93 @@ def _check_model(model: nn.Module, saved: Mapping[str, torch.Tensor]) -> None:
             )
 
 
+def _require(ok: bool, path: Path, what: str) -> None:
+    if not ok:
+        raise CheckpointError(f"{path}: not a training checkpoint of this schema ({what})")
+
+
+def check_schema(path: Path, tree: Mapping[str, Any]) -> None:
+    """CheckpointError unless ``tree`` has every entry a resume reads, of the right type (a
+    file can pass every checksum and still lack a dataset)."""
+    for key in ("step", "world_size"):
+        value = tree.get(key)
+        _require(isinstance(value, int) and value >= 0, path, f"{key} missing or not a count")
+    try:
+        config = json.loads(tree.get("config_json", ""))
+    except (TypeError, ValueError):
+        config = None
+    _require(isinstance(config, dict), path, "config_json missing or not a JSON object")
+    pos = tree.get("data_position")
+    fields = ("epoch", "batch_index", "sampler_seed")
+    _require(
+        isinstance(pos, Mapping) and all(isinstance(pos.get(k), int) for k in fields),
+        path,
+        "data_position incomplete",
+    )
+    model = tree.get("model")
+    _require(isinstance(model, Mapping) and bool(model), path, "no model state")
+    optimizer = tree.get("optimizer")
+    _require(
+        optimizer is None
+        or (
+            isinstance(optimizer, Mapping)
+            and isinstance(optimizer.get("param_groups"), list)
+            and isinstance(optimizer.get("state"), Mapping)
+        ),
+        path,
+        "optimizer state incomplete",
+    )
+    ranks = tree.get("ranks", {})
+    for r in range(int(tree["world_size"])):
+        rank = ranks.get(str(r)) if isinstance(ranks, Mapping) else None
+        _require(isinstance(rank, Mapping) and "rng" in rank, path, f"rank {r} RNG state missing")
+    layers = tree.get("kfac_state", {}).get("layers", {})
+    for name, layer in layers.items() if isinstance(layers, Mapping) else ():
+        has_both = isinstance(layer, Mapping) and all(f in layer for f in ("A", "G"))
+        _require(has_both, path, f"K-FAC layer {name!r} lacks A or G")
+
+
+def _check_optimizer(
+    optimizer: torch.optim.Optimizer, saved: Mapping[str, Any], path: Path
+) -> None:
+    """Raise unless the saved optimizer state is of this optimizer (its groups' settings
+    and parameter counts)."""
+    groups, saved_groups = optimizer.param_groups, saved["param_groups"]
+    if len(groups) != len(saved_groups):
+        raise CheckpointMismatchError(
+            f"{path}: {len(saved_groups)} optimizer parameter groups, this run has {len(groups)}"
+        )
+    for group, saved_group in zip(groups, saved_groups, strict=True):
+        missing = sorted(set(group) - set(saved_group) - {"params"})
+        if missing or len(group["params"]) != len(saved_group.get("params", ())):
+            what = f"lacks {', '.join(missing)}" if missing else "has other parameters"
+            raise CheckpointMismatchError(
+                f"{path}: the saved optimizer state {what}: saved by another optimizer "
+                f"({type(optimizer).__name__} here)"
+            )
+
+
+def check_restorable(
+    checkpoint: LoadedCheckpoint,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    preconditioner: Checkpointable | None = None,
+) -> SavedState | None:
+    """:class:`CheckpointMismatchError` unless ``checkpoint`` fits the live objects (changes
+    nothing); returns the preconditioner's saved state."""
+    tree = checkpoint.tree
+    _check_model(model, _flat_model_state(tree["model"]))
+    saved = None if preconditioner is None else _saved_state_of(checkpoint, preconditioner)
+    if optimizer is not None:
+        if "optimizer" not in tree:
+            raise CheckpointMismatchError(
+                f"{checkpoint.path}: the checkpoint has no optimizer state"
+            )
+        _check_optimizer(optimizer, tree["optimizer"], checkpoint.path)
+    return saved
+
+
 def saved_method_state(
     tree: Mapping[str, Any], method: Checkpointable, with_shards: bool = True
 ) -> SavedState | None:
@@ -329,10 +418,9 @@ def restore_training_state(
     """
     tree = checkpoint.tree
     saved_model = _flat_model_state(tree["model"])
-    _check_model(model, saved_model)
-    saved = None if preconditioner is None else _saved_state_of(checkpoint, preconditioner)
-    if optimizer is not None and "optimizer" not in tree:
-        raise CheckpointMismatchError(f"{checkpoint.path}: the checkpoint has no optimizer state")
+    saved = check_restorable(
+        checkpoint, model=model, optimizer=optimizer, preconditioner=preconditioner
+    )
 
     _unwrap(model).load_state_dict(saved_model, strict=True)
     if optimizer is not None:

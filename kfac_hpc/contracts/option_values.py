@@ -12,14 +12,21 @@ from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.grad_workers import check_grad_worker_fraction
 from kfac_hpc.contracts.options import Option
 
-__all__ = ["check_value", "coerce_value", "expand_aliases"]
+__all__ = ["FLOAT_MAX", "INT_MAX", "check_value", "coerce_value", "expand_aliases", "range_problem"]
 
-# Range checks of numbers (None always passes when the option is optional).
+# The largest value of an integer option without its own ``maximum`` (32-bit signed: steps,
+# sizes and counts are stored in int32/int64 tensors and HDF5 attributes).
+INT_MAX = 2**31 - 1
+# The largest value of a float option without its own ``maximum`` (far past any real setting,
+# far below where products with it overflow).
+FLOAT_MAX = 1e12
+
+# Range checks of numbers: accept, and the valid range in words.
 _RANGES = {
-    "positive": (lambda v: math.isfinite(v) and v > 0, "{!r} must be > 0"),
-    "nonnegative": (lambda v: math.isfinite(v) and v >= 0, "{} must be a finite number >= 0"),
-    "decay": (lambda v: 0 <= v < 1, "{} must be in [0, 1)"),
-    "fraction": (lambda v: 0 < v <= 1, "{} must be in (0, 1]"),
+    "positive": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+    "nonnegative": (lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
+    "decay": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "fraction": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
 }
 
 
@@ -48,7 +55,7 @@ def coerce_value(option: Option, value: Any, *, text: bool = False) -> Any:
                 value = int(value) if kind == "int" else float(value)
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         if kind == "int":
-            ok = ok and float(value).is_integer()
+            ok = ok and (isinstance(value, int) or (math.isfinite(value) and value.is_integer()))
             value = int(value) if ok else value
         else:
             value = float(value) if ok else value
@@ -74,6 +81,23 @@ def coerce_value(option: Option, value: Any, *, text: bool = False) -> Any:
     return value
 
 
+def range_problem(option: Option, value: float) -> str | None:
+    """The option's valid range in words when ``value`` (a number of the option's kind) is
+    outside it, else None. The one range check of an option: the job's config and the
+    preconditioner both use it."""
+    if option.check and option.check != "grad_workers":
+        accept, valid = _RANGES[option.check]
+        if not accept(value):
+            return valid
+    limit = option.maximum
+    if limit is None:
+        limit = INT_MAX if option.kind in ("int", "ints") else FLOAT_MAX
+    if limit is not None and not value <= limit:
+        shown = int(limit) if float(limit).is_integer() else limit
+        return f"at most {shown}"
+    return None
+
+
 def check_value(option: Option, value: Any) -> None:
     """InputError when a value of the right kind is out of the option's choices or range."""
     if value is None:
@@ -85,11 +109,11 @@ def check_value(option: Option, value: Any) -> None:
             check_grad_worker_fraction(value)
         except ValueError as exc:
             raise InputError(option.name, str(exc)) from None
-    elif option.check:
-        accept, message = _RANGES[option.check]
+    elif option.kind in ("int", "float", "ints"):
         for item in value if isinstance(value, tuple) else (value,):
-            if not accept(item):
-                raise InputError(option.name, message.format(item))
+            problem = range_problem(option, item)
+            if problem is not None:
+                raise InputError(option.name, f"{item!r} must be {problem}")
 
 
 def expand_aliases(raw: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +126,7 @@ def expand_aliases(raw: dict[str, Any]) -> dict[str, Any]:
         text = str(out.pop("checkpoint_every")).strip()
         out.pop("checkpoint_every_steps", None)
         out.pop("checkpoint_every_min", None)
-        if text.isdigit():
+        if text.isascii() and text.isdigit():
             out["checkpoint_every_steps"] = int(text)
         else:
             out["checkpoint_every_min"] = parse_duration_s(text, "checkpoint_every") / 60.0

@@ -44,6 +44,7 @@ class Option:
     unit: str = ""
     choices: tuple[str, ...] = ()
     check: str = ""
+    maximum: float | None = None
     optional: bool = False
     method: str = "common"
     axis: bool = False
@@ -109,14 +110,22 @@ COMMON_OPTIONS: tuple[Option, ...] = (
     ),
     _o("augment", "bool", True, "random crop + flip for 32x32 image data (cifar10)"),
     _o("optimizer", "str", "sgd", "first-order optimizer", choices=OPTIMIZERS, axis=True),
-    _o("lr", "float", 0.1, "peak learning rate", check="positive"),
-    _o("momentum", "float", 0.9, "SGD momentum (beta1 is 0.9 for adam/adamw)", check="nonnegative"),
+    _o("lr", "float", 0.1, "peak learning rate", check="positive", maximum=1e6),
+    _o(
+        "momentum",
+        "float",
+        0.9,
+        "SGD momentum (beta1 is 0.9 for adam/adamw)",
+        check="nonnegative",
+        maximum=1e6,
+    ),
     _o(
         "weight_decay",
         "float",
         1e-4,
         "L2 (sgd, adam) or decoupled (adamw) weight decay",
         check="nonnegative",
+        maximum=1e6,
     ),
     _o("lr_schedule", "str", "cosine", "after warm-up", choices=LR_SCHEDULES),
     _o(
@@ -126,6 +135,7 @@ COMMON_OPTIONS: tuple[Option, ...] = (
         "linear warm-up to --lr over this many epochs",
         unit="epochs",
         check="nonnegative",
+        maximum=1e6,
     ),
     _o(
         "lr_decay_epochs",
@@ -135,7 +145,14 @@ COMMON_OPTIONS: tuple[Option, ...] = (
         unit="epochs",
         check="positive",
     ),
-    _o("lr_decay_factor", "float", 0.1, "factor of the 'step' schedule", check="positive"),
+    _o(
+        "lr_decay_factor",
+        "float",
+        0.1,
+        "factor of the 'step' schedule",
+        check="positive",
+        maximum=1e6,
+    ),
     _o("kfac", "bool", True, "precondition gradients with K-FAC", axis=True),
     _o(
         "fosi",
@@ -165,7 +182,7 @@ KFAC_OPTIONS: tuple[Option, ...] = (
         check="positive",
         axis=True,
     ),
-    _k("damping", "float", 0.003, "Tikhonov damping", check="nonnegative"),
+    _k("damping", "float", 0.003, "Tikhonov damping", check="positive", maximum=1e6),
     _k("factor_decay", "float", 0.95, "running-average decay of the factors", check="decay"),
     _k(
         "kl_clip",
@@ -173,6 +190,7 @@ KFAC_OPTIONS: tuple[Option, ...] = (
         0.001,
         "KL clip of the preconditioned step (0 disables)",
         check="nonnegative",
+        maximum=1e6,
     ),
     _k(
         "grad_worker_fraction",
@@ -206,6 +224,7 @@ KFAC_OPTIONS: tuple[Option, ...] = (
         "factor allreduce bucket size",
         unit="MB",
         check="positive",
+        maximum=1e6,
     ),
     _k("skip_layers", "strs", (), "module or class names left unpreconditioned"),
     _k("update_factors_in_hook", "bool", True, "compute factors in the module hooks"),
@@ -308,7 +327,15 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "strong: global batch fixed; weak: per-rank batch fixed",
         choices=SCALINGS,
     ),
-    _o("seed", "int", 0, "seed of model init, data order and synthetic data", axis=True),
+    _o(
+        "seed",
+        "int",
+        0,
+        "seed of model init, data order and synthetic data",
+        check="nonnegative",
+        maximum=2**32 - 1,
+        axis=True,
+    ),
     _o(
         "target_accuracy",
         "float",
@@ -325,6 +352,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "stop training after this much wall time",
         unit="s",
         check="positive",
+        maximum=1e9,
         optional=True,
         operational=True,
     ),
@@ -345,6 +373,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "checkpoint every M minutes",
         unit="min",
         check="positive",
+        maximum=1e9,
         optional=True,
         operational=True,
     ),
@@ -387,6 +416,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "a collective waiting longer fails the run",
         unit="s",
         check="positive",
+        maximum=1e6,
         operational=True,
     ),
     _o(

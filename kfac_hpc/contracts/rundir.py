@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from kfac_hpc.contracts.atomic import write_text_atomic
+from kfac_hpc.contracts.errors import InputError
 
 __all__ = [
     "ATTEMPTS",
@@ -101,11 +102,40 @@ class RunDir:
         self.attempts = self.root / ATTEMPTS
 
     def saved_config_hash(self) -> str | None:
-        """The config hash in ``config.json``, or None when there is none yet."""
+        """The config hash in ``config.json``, or None when there is none yet; InputError
+        (field ``run_dir``) when it cannot be read."""
         if not self.config.exists():
             return None
-        saved = json.loads(self.config.read_text()).get("config_hash")
-        return None if saved is None else str(saved)
+        try:
+            saved = json.loads(self.config.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise InputError(
+                "run_dir", f"{str(self.config)!r} is not readable JSON ({exc})"
+            ) from None
+        if not isinstance(saved, dict):
+            raise InputError("run_dir", f"{str(self.config)!r} does not hold a JSON object")
+        hash_ = saved.get("config_hash")
+        return None if hash_ is None else str(hash_)
+
+    def check_usable(self) -> None:
+        """InputError (field ``run_dir``) unless the directory exists as one or can be
+        created, and its ``checkpoints`` is a directory or absent. Writes nothing."""
+        text = str(self.root)
+        for part in self.root.parts:
+            if len(os.fsencode(part)) > 255:
+                raise InputError("run_dir", f"the name {part[:20]!r}... is over 255 bytes long")
+        if self.root.exists() and not self.root.is_dir():
+            raise InputError("run_dir", f"{text!r} exists and is not a directory")
+        if self.checkpoints.exists() and not self.checkpoints.is_dir():
+            raise InputError("run_dir", f"{str(self.checkpoints)!r} is not a directory")
+        existing = self.root
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise InputError("run_dir", f"{str(existing)!r} is not a directory")
+        target = self.root if self.root.exists() else existing
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise InputError("run_dir", f"{str(target)!r} is not writable")
 
     def marker(self, name: str | Marker) -> Path:
         return self.root / str(name)

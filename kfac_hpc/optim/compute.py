@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from kfac_hpc.optim.options import ComputeMethod
+from kfac_hpc.optim.options import ComputeMethod, DampingMode
 from kfac_hpc.optim.second_order import (
     EigenFactor,
     InverseFactor,
@@ -128,10 +128,15 @@ class EigenMethod(SecondOrderMethod):
 
 
 class InverseMethod(SecondOrderMethod):
-    """Damped inverses with π-corrected damping split between A and G."""
+    """Damped inverses (A + λ_A I)⁻¹, (G + λ_G I)⁻¹: λ split by π between A and G
+    (``pi_split``) or λ on each (``per_factor``)."""
 
     kind = ComputeMethod.INVERSE
     failing_op = "inv"
+
+    def __init__(self, dtype: torch.dtype, mode: DampingMode = DampingMode.PI_SPLIT) -> None:
+        super().__init__(dtype)
+        self.mode = mode
 
     def state_keys(self, factor: str) -> tuple[str, ...]:
         return (f"{factor}_inv",)
@@ -140,7 +145,11 @@ class InverseMethod(SecondOrderMethod):
         self, a: Tensor | None, g: Tensor | None, damping: float, which: Sequence[str]
     ) -> dict[str, SecondOrder | None]:
         assert a is not None and g is not None, "the inverse method needs both factors"
-        damping_a, damping_g = pi_split(a, g, damping)
+        if self.mode is DampingMode.PI_SPLIT:
+            damping_a, damping_g = pi_split(a, g, damping)
+        else:
+            damping_a = torch.full(a.shape[:-2], damping, dtype=torch.float64, device=a.device)
+            damping_g = torch.full(g.shape[:-2], damping, dtype=torch.float64, device=g.device)
         pairs = {"A": (a, damping_a), "G": (g, damping_g)}
         return {key: _contiguous(invert(*pairs[key], self.dtype)) for key in which}
 
@@ -175,9 +184,13 @@ def _contiguous(data: SecondOrder | None) -> SecondOrder | None:
 
 
 def make_method(
-    kind: ComputeMethod, dtype: torch.dtype, precompute_outer: bool
+    kind: ComputeMethod,
+    dtype: torch.dtype,
+    precompute_outer: bool,
+    damping_mode: DampingMode = DampingMode.PI_SPLIT,
 ) -> SecondOrderMethod:
-    """The strategy of ``kind``; ``precompute_outer`` applies to the eigen method only."""
+    """The strategy of ``kind``; ``precompute_outer`` applies to the eigen method only,
+    ``damping_mode`` to the inverse method only."""
     if kind is ComputeMethod.EIGEN:
         return EigenMethod(dtype, precompute_outer)
-    return InverseMethod(dtype)
+    return InverseMethod(dtype, damping_mode)

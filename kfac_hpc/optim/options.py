@@ -7,8 +7,7 @@ change of import. Every invalid value raises ``ValueError`` naming the option an
 from __future__ import annotations
 
 import enum
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -16,10 +15,19 @@ import torch
 
 from kfac_hpc.comm import AssignmentStrategy
 from kfac_hpc.contracts.grad_workers import GRAD_WORKER_NAMES
+from kfac_hpc.contracts.option_values import range_problem
+from kfac_hpc.contracts.options import OPTIONS
 from kfac_hpc.optim.layers import KFACApprox
 from kfac_hpc.optim.schedules import Hyperparameter, ScheduledValue
 
-__all__ = ["AssignmentStrategy", "ComputeMethod", "GradScalerLike", "KFACApprox", "KFACOptions"]
+__all__ = [
+    "AssignmentStrategy",
+    "ComputeMethod",
+    "DampingMode",
+    "GradScalerLike",
+    "KFACApprox",
+    "KFACOptions",
+]
 
 
 class ComputeMethod(enum.Enum):
@@ -27,6 +35,15 @@ class ComputeMethod(enum.Enum):
 
     EIGEN = "eigen"
     INVERSE = "inverse"
+
+
+class DampingMode(enum.Enum):
+    """How the inverse method damps A and G: ``pi_split`` (λ_A = π√λ, λ_G = √λ/π, the
+    Martens & Grosse π correction) or ``per_factor`` (λ added to each factor, the reference
+    library's convention)."""
+
+    PI_SPLIT = "pi_split"
+    PER_FACTOR = "per_factor"
 
 
 class GradScalerLike(Protocol):
@@ -37,17 +54,22 @@ class GradScalerLike(Protocol):
     def is_enabled(self) -> bool: ...
 
 
-def _positive_int(value: float) -> str | None:
-    ok = value >= 1 and float(value).is_integer()
-    return None if ok else "an integer >= 1"
+def _table(name: str) -> Callable[[float], str | None]:
+    """The range check of job option ``name`` (contracts/options.py): the preconditioner
+    accepts exactly what ``kfac-hpc train`` accepts."""
+    option = OPTIONS[name]
+
+    def check(value: float) -> str | None:
+        if option.kind == "int" and not float(value).is_integer():
+            return "an integer >= 1"
+        return range_problem(option, value)
+
+    return check
 
 
-def _positive(value: float) -> str | None:
-    return None if math.isfinite(value) and value > 0 else "a finite number > 0"
-
-
-def _decay(value: float) -> str | None:
-    return None if 0 <= value < 1 else "a number in [0, 1)"
+def _kl_clip(value: float) -> str | None:
+    # The job gives 0 as None (no clipping); here the clip must be > 0.
+    return "a finite number > 0" if value == 0 else _table("kl_clip")(value)
 
 
 def _choice(name: str, value: Any, enum_type: type[enum.Enum]) -> Any:
@@ -80,6 +102,7 @@ class KFACOptions:
     assignment_strategy: AssignmentStrategy | str = AssignmentStrategy.COMPUTE
     colocate_factors: bool = True
     compute_method: ComputeMethod | str = ComputeMethod.EIGEN
+    damping_mode: DampingMode | str = DampingMode.PI_SPLIT
     compute_eigenvalue_outer_product: bool = True
     grad_worker_fraction: str | float = "comm-opt"
     symmetry_aware: bool = False
@@ -99,6 +122,7 @@ class KFACOptions:
         )
         self.compute_method = _choice("compute_method", self.compute_method, ComputeMethod)
         self.kfac_approx = _choice("kfac_approx", self.kfac_approx, KFACApprox)
+        self.damping_mode = _choice("damping_mode", self.damping_mode, DampingMode)
         for name in (
             "colocate_factors",
             "compute_eigenvalue_outer_product",
@@ -124,12 +148,12 @@ class KFACOptions:
 
     def _build_schedules(self) -> dict[str, ScheduledValue]:
         checks = {
-            "factor_update_steps": _positive_int,
-            "inv_update_steps": _positive_int,
-            "damping": _positive,
-            "factor_decay": _decay,
-            "kl_clip": _positive,
-            "lr": _positive,
+            "factor_update_steps": _table("factor_update_steps"),
+            "inv_update_steps": _table("inv_update_steps"),
+            "damping": _table("damping"),
+            "factor_decay": _table("factor_decay"),
+            "kl_clip": _kl_clip,
+            "lr": _table("lr"),
         }
         return {
             name: ScheduledValue(name, getattr(self, name), check)
@@ -142,8 +166,13 @@ class KFACOptions:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"accumulation_steps must be an integer >= 1, got {steps!r}")
         cap = self.allreduce_bucket_cap_mb
-        if isinstance(cap, bool) or not isinstance(cap, int | float) or not cap > 0:
-            raise ValueError(f"allreduce_bucket_cap_mb must be a number > 0, got {cap!r}")
+        problem = (
+            "a number"
+            if isinstance(cap, bool) or not isinstance(cap, int | float)
+            else _table("allreduce_bucket_cap_mb")(cap)
+        )
+        if problem is not None:
+            raise ValueError(f"allreduce_bucket_cap_mb must be {problem}, got {cap!r}")
         frac = self.factor_sample_fraction
         if isinstance(frac, bool) or not isinstance(frac, int | float) or not (0 < frac <= 1):
             raise ValueError(f"factor_sample_fraction must be a number in (0, 1], got {frac!r}")

@@ -38,7 +38,7 @@ from kfac_hpc.optim.factors import LayerFactors
 from kfac_hpc.optim.kfac_state import KFACStateMixin
 from kfac_hpc.optim.layer_state import LayerState
 from kfac_hpc.optim.layers import KFACApprox, KFACLayer, make_layer
-from kfac_hpc.optim.options import ComputeMethod, GradScalerLike, KFACOptions
+from kfac_hpc.optim.options import ComputeMethod, DampingMode, GradScalerLike, KFACOptions
 from kfac_hpc.optim.schedules import Hyperparameter
 from kfac_hpc.optim.second_order_update import SecondOrderUpdate
 
@@ -72,6 +72,7 @@ class KFACPreconditioner(KFACStateMixin):
         assignment_strategy: AssignmentStrategy | str = AssignmentStrategy.COMPUTE,
         colocate_factors: bool = True,
         compute_method: ComputeMethod | str = ComputeMethod.EIGEN,
+        damping_mode: DampingMode | str = DampingMode.PI_SPLIT,
         compute_eigenvalue_outer_product: bool = True,
         grad_worker_fraction: str | float = "comm-opt",
         symmetry_aware: bool = False,
@@ -96,6 +97,7 @@ class KFACPreconditioner(KFACStateMixin):
             assignment_strategy=assignment_strategy,
             colocate_factors=colocate_factors,
             compute_method=compute_method,
+            damping_mode=damping_mode,
             compute_eigenvalue_outer_product=compute_eigenvalue_outer_product,
             grad_worker_fraction=grad_worker_fraction,
             symmetry_aware=symmetry_aware,
@@ -131,6 +133,7 @@ class KFACPreconditioner(KFACStateMixin):
             ComputeMethod(self.options.compute_method),
             self.options.inv_dtype,
             self.options.compute_eigenvalue_outer_product,
+            DampingMode(self.options.damping_mode),
         )
         for state in self.states.values():
             state.holders = self._factor_holders(state.name)
@@ -142,6 +145,14 @@ class KFACPreconditioner(KFACStateMixin):
         self.last_timings = dict.fromkeys(PHASES, 0.0)
         self._grad_multiplier: float | None = None
         self._capture = self.options.is_factor_step(0)
+        # Factors travel in reverse registration order (the usual order of backward), never in
+        # hook order: the bucket layout is then the same on every rank even when a layer's
+        # hook fires on some ranks only (see _submit_ready and _submit_rest).
+        self._order = list(reversed(self.states.values()))
+        self._cursor = 0
+        self._ready: set[str] = set()
+        self._fired: set[str] = set()
+        self._fired_flags = torch.zeros(0, dtype=torch.float64)
         self._handles: list[RemovableHandle] = [
             s.layer.module.register_forward_hook(partial(self._on_forward, name))
             for name, s in self.states.items()
@@ -235,7 +246,51 @@ class KFACPreconditioner(KFACStateMixin):
         with self._no_autocast(grad):
             factors.add_g(layer.g_factor(grad, self._multiplier(), self._factor_dtype(layer)))
         if factors.count_g == self.options.accumulation_steps and factors.has_pending():
-            self._submit(state)  # launches its bucket when full: overlaps the rest of backward
+            self._ready.add(state.name)
+            self._submit_ready()  # launches full buckets: overlaps the rest of backward
+
+    def _submit_ready(self) -> None:
+        """Submit the layers that are next in the fixed order and ready; a layer that is not
+        ready yet holds back the ones after it (until step() at the latest)."""
+        while self._cursor < len(self._order) and self._order[self._cursor].name in self._ready:
+            self._fired.add(self._order[self._cursor].name)
+            self._submit(self._order[self._cursor])
+            self._cursor += 1
+
+    def _submit_rest(self) -> None:
+        """Submit every layer not yet submitted, in the fixed order: one that saw no batch on
+        this rank travels as zeros, and a last tensor counts the ranks that saw each
+        layer, so ``_rescale_partial`` averages a layer over the ranks that ran it."""
+        steps = self.options.accumulation_steps
+        for state in self._order[self._cursor :]:
+            factors = state.factors
+            if factors.has_pending():
+                self._fired.add(state.name)
+            else:
+                shape_a, shape_g = state.layer.factor_shapes
+                dtype, device = self._factor_dtype(state.layer), state.layer.weight.device
+                factors.pending_a = torch.zeros(shape_a, dtype=dtype, device=device)
+                factors.pending_g = torch.zeros(shape_g, dtype=dtype, device=device)
+                factors.count_a = factors.count_g = steps
+            self._submit(state)
+        self._cursor = len(self._order)
+        device = self._order[0].layer.weight.device if self._order else torch.device("cpu")
+        self._fired_flags = torch.tensor(
+            [float(s.name in self._fired) for s in self._order], dtype=torch.float64, device=device
+        )
+        self.reducer.submit("__ranks_with_layer__", self._fired_flags, symmetric=False)
+
+    def _rescale_partial(self) -> None:
+        """After the allreduce: a layer seen by k of P ranks holds sum/P; make it sum/k, and
+        drop a layer no rank saw (its running factors stay as they were)."""
+        counts = (self._fired_flags * self.world_size).round().tolist()
+        for state, count in zip(self._order, counts, strict=True):
+            if count == 0:
+                state.factors.clear_pending()
+            elif count < self.world_size:
+                assert state.factors.pending_a is not None and state.factors.pending_g is not None
+                state.factors.pending_a.mul_(self.world_size / count)
+                state.factors.pending_g.mul_(self.world_size / count)
 
     def _check_not_submitted(self, state: LayerState) -> None:
         if state.submitted:
@@ -302,13 +357,15 @@ class KFACPreconditioner(KFACStateMixin):
     def _update_factors(self, timings: dict[str, float]) -> None:
         with self._timed(timings, "factor_compute"):
             self._compute_saved_factors()
-            for state in self.states.values():
-                if not state.submitted and state.factors.has_pending():
-                    self._submit(state)
+            self._submit_rest()
         with self._timed(timings, "factor_comm"):
             self.reducer.wait()
         with self._timed(timings, "factor_compute"):
+            self._rescale_partial()
             self._commit_factors()
+        self._cursor = 0
+        self._ready.clear()
+        self._fired.clear()
 
     def _compute_saved_factors(self) -> None:
         """Factors from inputs/output gradients saved during the step (hook updates off)."""

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 import click
 
 from kfac_hpc.cli_errors import exit_with
-from kfac_hpc.contracts import ExitCode, RunDir
+from kfac_hpc.contracts import ExitCode, InputError, RunDir
 from kfac_hpc.contracts.options import ALIASES, OPTIONS
 from kfac_hpc.train.config import ConfigError, check_run_dir, field_help, load_config
 
@@ -57,7 +57,7 @@ class _OneLineErrors(click.Command):
             raise
 
 
-def _bad_input(exc: ConfigError) -> NoReturn:
+def _bad_input(exc: InputError) -> NoReturn:
     flag = {"config": "--config", "run_dir": "--run-dir"}.get(exc.field, _flag(exc.field))
     exit_with("train", f"{flag}: {exc.reason}", ExitCode.BAD_INPUT)
 
@@ -87,8 +87,11 @@ def train(run_dir: str, config_file: str | None, **flags: Any) -> None:
     """
     try:
         config = load_config(config_file, flags)
+        if not run_dir.strip():
+            raise ConfigError("run_dir", "empty; give a new or existing run directory")
+        RunDir(run_dir).check_usable()
         check_run_dir(config, RunDir(run_dir).saved_config_hash(), run_dir)
-    except ConfigError as exc:
+    except InputError as exc:
         _bad_input(exc)
     # torch is imported only past validation, so bad flags fail fast
     from kfac_hpc.runtime import LaunchError
@@ -96,7 +99,7 @@ def train(run_dir: str, config_file: str | None, **flags: Any) -> None:
 
     try:
         code = run_training(config, run_dir)
-    except ConfigError as exc:
+    except InputError as exc:
         _bad_input(exc)
     except LaunchError as exc:
         exit_with("train", f"launch: {exc}", ExitCode.BAD_INPUT)

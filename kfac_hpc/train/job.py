@@ -9,6 +9,8 @@ asks which method it runs. Preemption is agreed once per step by
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,16 +20,19 @@ from torch import nn
 
 from kfac_hpc.checkpoint import (
     AsyncCheckpointWriter,
+    CheckpointError,
     CheckpointManager,
     DataPosition,
+    LoadedCheckpoint,
     capture_training_state,
+    check_restorable,
     init_factors_from,
     load_checkpoint,
     restore_training_state,
 )
 from kfac_hpc.contracts import PHASES, RunDir
 from kfac_hpc.runtime import DistributedContext
-from kfac_hpc.train.config import TrainConfig
+from kfac_hpc.train.config import ConfigError, TrainConfig
 from kfac_hpc.train.data import DataSource, ShardedBatches
 from kfac_hpc.train.faults import fault_plan
 from kfac_hpc.train.methods import MethodSetup, build_method, method_name
@@ -41,6 +46,18 @@ from kfac_hpc.train.summary import AttemptLog
 from kfac_hpc.train.timing import PhaseTimer, phase_timer
 
 __all__ = ["Job", "Position"]
+
+
+@contextmanager
+def _user_file(option: str, path: str) -> Iterator[None]:
+    """A checkpoint the user named that cannot be used is bad input of ``option``."""
+    try:
+        yield
+    except (CheckpointError, KeyError, TypeError, ValueError) as exc:
+        reason = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
+        if str(path) not in reason:
+            reason = f"{path}: {reason}"
+        raise ConfigError(option, f"unusable checkpoint: {reason}") from None
 
 
 @dataclass
@@ -105,15 +122,25 @@ class Job:
 
     # ----------------------------------------------------------------- set-up
     def resume(self) -> Position:
-        """Continue from the run directory's latest checkpoint, else ``--resume-from``; apply
-        ``--init-factors`` to a fresh start."""
-        checkpoint = self.manager.load_latest()
-        if checkpoint is None and self.config.resume_from:
-            checkpoint = load_checkpoint(self.config.resume_from)
+        """Continue from the run directory's latest checkpoint that fits (others are skipped),
+        else ``--resume-from``; apply ``--init-factors`` to a fresh start. Writes nothing; a
+        user's file that cannot be used is ConfigError naming its option."""
         state = self.method.state
+
+        def fits(checkpoint: LoadedCheckpoint) -> None:
+            check_restorable(
+                checkpoint, model=self.model, optimizer=self.method.optimizer, preconditioner=state
+            )
+
+        checkpoint = self.manager.load_latest(fits)
+        if checkpoint is None and self.config.resume_from:
+            with _user_file("resume_from", self.config.resume_from):
+                checkpoint = load_checkpoint(self.config.resume_from)
+                fits(checkpoint)
         if checkpoint is None:
             if self.config.init_factors and state is not None:
-                init_factors_from(self.config.init_factors, state)
+                with _user_file("init_factors", self.config.init_factors):
+                    init_factors_from(self.config.init_factors, state)
             self._broadcast_parameters()
             return Position(0, 0)
         restored = restore_training_state(

@@ -18,7 +18,7 @@ from kfac_hpc.contracts import SCHEMA_VERSION, ExitCode, RunDir, write_json_atom
 from kfac_hpc.runtime import DistributedContext, init_distributed, shutdown
 from kfac_hpc.train.config import ConfigError, TrainConfig, check_run_dir
 from kfac_hpc.train.data import DataSource, load_data
-from kfac_hpc.train.job import Job
+from kfac_hpc.train.job import Job, Position
 from kfac_hpc.train.preemption import REQUEUE_EXIT_CODE, PreemptionHandler
 from kfac_hpc.train.progress import Progress
 from kfac_hpc.train.records import WindowRecorder
@@ -29,14 +29,19 @@ __all__ = ["EXIT_DONE", "EXIT_FAILED", "run_training"]
 EXIT_DONE, EXIT_FAILED = int(ExitCode.DONE), int(ExitCode.FAILED)
 
 
-def _prepare_run_dir(config: TrainConfig, run_dir: RunDir, ctx: DistributedContext) -> bool:
-    """Check the run directory on every rank; rank 0 creates it and writes config.json.
-    Returns False when the run is already done. Raises ConfigError for a different experiment."""
+def _is_done(config: TrainConfig, run_dir: RunDir) -> bool:
+    """Whether the run is already done; ConfigError for a different experiment. Reads only."""
     check_run_dir(config, run_dir.saved_config_hash(), str(run_dir.root))
-    if run_dir.marker("done").exists():
-        return False
+    return run_dir.marker("done").exists()
+
+
+def _prepare_run_dir(config: TrainConfig, run_dir: RunDir, ctx: DistributedContext) -> None:
+    """Rank 0 creates the run directory and writes config.json (every input checked)."""
     if ctx.rank == 0:
-        run_dir.create()
+        try:
+            run_dir.create()
+        except OSError as exc:
+            raise ConfigError("run_dir", f"cannot create {str(run_dir.root)!r}: {exc}") from None
         run_dir.clear_markers()
         sizes = config.batch_sizes(ctx.world_size)
         resolved = {"schema": SCHEMA_VERSION, **config.to_dict()}
@@ -49,7 +54,6 @@ def _prepare_run_dir(config: TrainConfig, run_dir: RunDir, ctx: DistributedConte
         write_json_atomic(run_dir.config, resolved)
     if ctx.world_size > 1:
         dist.barrier()
-    return True
 
 
 def _check_inputs(config: TrainConfig, ctx: DistributedContext) -> DataSource:
@@ -86,34 +90,38 @@ def run_training(config: TrainConfig, root: str | Path) -> int:
     run_dir = RunDir(root)
     try:
         data = _check_inputs(config, ctx)
-        fresh = _prepare_run_dir(config, run_dir, ctx)
+        done = _is_done(config, run_dir)
     except ConfigError:
         shutdown()
         raise
-    if not fresh:
+    if done:
         if ctx.rank == 0:
             print(f"{run_dir.root}: already done", flush=True)
         shutdown()
         return EXIT_DONE
     job: Job | None = None
+    written = False
     try:
-        job = Job(config, ctx, run_dir, data)
-        code = _run_attempt(job)
+        # Catch preemption signals from the start: a signal during set-up stops at step one.
+        with PreemptionHandler() as preemption:
+            job = Job(config, ctx, run_dir, data)
+            pos = job.resume()  # a user's checkpoint that cannot be used: ConfigError
+            _prepare_run_dir(config, run_dir, ctx)
+            written = True
+            code = _attempt(job, pos, preemption)
+    except ConfigError as exc:
+        if written:
+            return _fail(run_dir, ctx, job, exc)
+        shutdown()
+        raise
     except BaseException as exc:  # every failure must leave the error marker
         return _fail(run_dir, ctx, job, exc)
     shutdown()
     return code
 
 
-def _run_attempt(job: Job) -> int:
-    # Catch preemption signals from the start: a signal during set-up stops at the first step.
-    with PreemptionHandler() as preemption:
-        return _attempt(job, preemption)
-
-
-def _attempt(job: Job, preemption: PreemptionHandler) -> int:
+def _attempt(job: Job, pos: Position, preemption: PreemptionHandler) -> int:
     run_dir, attempts = job.run_dir, job.attempts
-    pos = job.resume()
     if job.rank == 0:
         job.attempt = attempts.next_attempt()
         job.wall_base_s = sum(a["wall_s"] for a in attempts.attempts())

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tests.analysis.checks import assert_plot, assert_report_complete, run_report
+from tests.conftest import require_module
 from tests.synthetic_runs import SyntheticRun, write_sweep
 
 PHASES = {"forward": 0.01, "backward": 0.02, "grad_allreduce": 0.005, "factor_comm": 0.002}
@@ -147,7 +148,7 @@ def test_unwritable_output_exits_2_with_one_line(tmp_path):
 
 
 def test_parquet_tables_match_the_csv_rows(tmp_path):
-    pq = pytest.importorskip("pyarrow.parquet")
+    pq = require_module("pyarrow.parquet")
     runs = _runs(failed=True)
     write_sweep(tmp_path, runs)
     manifest = json.loads((tmp_path / "manifest.json").read_text())

@@ -33,8 +33,14 @@ def _state(step: int) -> TrainingState:
         "schema_version": 1,
         "step": step,
         "world_size": 1,
+        "config_json": "{}",
+        "data_position": {"epoch": 0, "batch_index": step, "sampler_seed": 0},
+        "model": {"fc": {"weight": torch.randn(4, 4, generator=g)}},
         "kfac_state": {
-            "layers": {f"layer{i}": {"A": torch.randn(256, 256, generator=g)} for i in range(8)}
+            "layers": {
+                f"layer{i}": {"A": torch.randn(256, 256, generator=g), "G": torch.eye(4)}
+                for i in range(8)
+            }
         },
     }
     return TrainingState(step, shared, {"rng": {"torch_cpu": torch.get_rng_state()}})

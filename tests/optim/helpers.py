@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -84,3 +86,30 @@ def small_cnn(dtype: torch.dtype = torch.float32) -> nn.Module:
         nn.Flatten(),
         nn.Linear(32 * 16, 10),
     ).to(dtype)
+
+
+def dense_eigen_step(
+    a: torch.Tensor, g: torch.Tensor, grad: torch.Tensor, damping: float
+) -> torch.Tensor:
+    """(G ⊗ A + λI)⁻¹ vec(∇W), row-major vec, per group when factors are batched."""
+    if a.dim() == 3:
+        return torch.stack([dense_eigen_step(a[i], g[i], grad[i], damping) for i in range(len(a))])
+    kron = torch.kron(g, a) + damping * torch.eye(g.shape[0] * a.shape[0], dtype=a.dtype)
+    return torch.linalg.solve(kron, grad.reshape(-1)).reshape(grad.shape)
+
+
+def dense_inverse_step(
+    a: torch.Tensor, g: torch.Tensor, grad: torch.Tensor, damping: float, mode: str = "pi_split"
+) -> torch.Tensor:
+    """(G + λ_G I)⁻¹ ∇W (A + λ_A I)⁻¹, by hand: λ_A = π√λ, λ_G = √λ/π with
+    π = sqrt((tr A/n_A)/(tr G/n_G)) (``pi_split``), or λ_A = λ_G = λ (``per_factor``)."""
+    if a.dim() == 3:
+        return torch.stack(
+            [dense_inverse_step(a[i], g[i], grad[i], damping, mode) for i in range(len(a))]
+        )
+    pi = math.sqrt((a.trace().item() / a.shape[0]) / (g.trace().item() / g.shape[0]))
+    lam_a, lam_g = pi * math.sqrt(damping), math.sqrt(damping) / pi
+    if mode == "per_factor":
+        lam_a = lam_g = damping
+    eye_a, eye_g = torch.eye(a.shape[0], dtype=a.dtype), torch.eye(g.shape[0], dtype=g.dtype)
+    return torch.linalg.inv(g + lam_g * eye_g) @ grad @ torch.linalg.inv(a + lam_a * eye_a)

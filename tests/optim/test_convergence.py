@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from kfac_hpc import KFACPreconditioner
+from tests.conftest import require_module
 from tests.optim.helpers import small_cnn
 
 EPOCHS = 10
@@ -16,8 +17,8 @@ TARGET = 0.97
 
 
 def _digits() -> tuple[torch.Tensor, ...]:
-    datasets = pytest.importorskip("sklearn.datasets")
-    selection = pytest.importorskip("sklearn.model_selection")
+    datasets = require_module("sklearn.datasets")
+    selection = require_module("sklearn.model_selection")
     x, y = datasets.load_digits(return_X_y=True)
     train, test = selection.train_test_split(
         range(len(y)), test_size=0.25, random_state=0, stratify=y

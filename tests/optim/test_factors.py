@@ -8,6 +8,7 @@ from torch import nn
 
 from kfac_hpc import KFACPreconditioner
 from kfac_hpc.optim.layers import make_layer
+from tests.conftest import require_module
 from tests.optim.helpers import dense_factors, output_grad
 
 CONVS = {
@@ -53,6 +54,39 @@ def test_wide_conv_factors_use_column_blocks_and_equal_dense() -> None:
         _check_layer(conv, torch.randn(batch, 16, 6, 5, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("name", ["plain", "stride_pad", "groups", "no_bias"])
+def test_unbatched_conv_factors_equal_dense(name: str) -> None:
+    """A (C, H, W) input is one sample: the factors of the batch of that one sample (G is not
+    C_out times larger), through the layer helpers and the preconditioner's hooks."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(**CONVS[name]).double()
+    x = torch.randn(conv.in_channels, 7, 6, dtype=torch.float64)
+
+    def grad_of_output(module: nn.Module) -> torch.Tensor:
+        out = module(x)
+        out.retain_grad()
+        ((out - 1.0) ** 2).sum().backward()  # the mean over a batch of one sample
+        assert out.grad is not None
+        return out.grad
+
+    grad = grad_of_output(conv)
+    expected_a, expected_g = dense_factors(conv, x[None], grad[None])
+    layer = make_layer("m", conv)
+    assert layer is not None
+    torch.testing.assert_close(layer.a_factor(x, torch.float64), expected_a, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        layer.g_factor(grad, 1.0, torch.float64), expected_g, rtol=1e-12, atol=1e-12
+    )
+    model = nn.Sequential(conv)
+    pre = KFACPreconditioner(model, kl_clip=None, inv_dtype=torch.float64)
+    model.zero_grad()
+    grad_of_output(model)
+    pre.step()
+    state = pre.state_dict()["layers"]["0"]
+    torch.testing.assert_close(state["A"], expected_a, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(state["G"], expected_g, rtol=1e-12, atol=1e-12)
+
+
 def _check_layer(module: nn.Module, x: torch.Tensor) -> None:
     """Both the layer helpers and the preconditioner's first update (which starts from the
     batch statistics) give the dense factors, to 1e-12."""
@@ -91,7 +125,7 @@ class _Net(nn.Module):
 def test_factors_match_curvlinops_kfac(name: str) -> None:
     """curvlinops' KFAC (expand, empirical Fisher, mean CE loss, bias folded in) has exactly our
     A and G: A = mean over rows of a aᵀ, G = N Σ_rows g gᵀ for the batch-mean loss."""
-    curvlinops = pytest.importorskip("curvlinops")
+    curvlinops = require_module("curvlinops")
     torch.manual_seed(0)
     net = _Net(CONVS[name]).double()
     x = torch.randn(6, net.conv.in_channels, 7, 6, dtype=torch.float64)

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from kfac_hpc import KFACPreconditioner
+from tests.optim.helpers import dense_eigen_step, dense_inverse_step
 
 
 def _model() -> nn.Module:
@@ -35,28 +36,6 @@ def _run_step(pre: KFACPreconditioner, model: nn.Module, seed: int = 1) -> dict[
     return before
 
 
-def _dense_eigen(
-    a: torch.Tensor, g: torch.Tensor, grad: torch.Tensor, damping: float
-) -> torch.Tensor:
-    """(G ⊗ A + λI)⁻¹ vec(∇W), row-major vec, per group when factors are batched."""
-    if a.dim() == 3:
-        return torch.stack([_dense_eigen(a[i], g[i], grad[i], damping) for i in range(len(a))])
-    kron = torch.kron(g, a) + damping * torch.eye(g.shape[0] * a.shape[0], dtype=a.dtype)
-    return torch.linalg.solve(kron, grad.reshape(-1)).reshape(grad.shape)
-
-
-def _dense_inverse(
-    a: torch.Tensor, g: torch.Tensor, grad: torch.Tensor, damping: float
-) -> torch.Tensor:
-    """(G + λ_G I)⁻¹ ∇W (A + λ_A I)⁻¹ with π = sqrt((tr A/n_A)/(tr G/n_G)), by hand."""
-    if a.dim() == 3:
-        return torch.stack([_dense_inverse(a[i], g[i], grad[i], damping) for i in range(len(a))])
-    pi = math.sqrt((a.trace().item() / a.shape[0]) / (g.trace().item() / g.shape[0]))
-    lam_a, lam_g = pi * math.sqrt(damping), math.sqrt(damping) / pi
-    eye_a, eye_g = torch.eye(a.shape[0], dtype=a.dtype), torch.eye(g.shape[0], dtype=g.dtype)
-    return torch.linalg.inv(g + lam_g * eye_g) @ grad @ torch.linalg.inv(a + lam_a * eye_a)
-
-
 @pytest.mark.parametrize("outer", [True, False], ids=["outer-product", "no-outer-product"])
 def test_eigen_equals_dense_kronecker_solve(outer: bool) -> None:
     model = _model()
@@ -72,20 +51,29 @@ def test_eigen_equals_dense_kronecker_solve(outer: bool) -> None:
     before = _run_step(pre, model, seed=2)  # step 1: factors updated (decay) and eigen recomputed
     state = pre.state_dict()["layers"]
     for name, layer in pre.layers.items():
-        expected = _dense_eigen(state[name]["A"], state[name]["G"], before[name], damping)
+        expected = dense_eigen_step(state[name]["A"], state[name]["G"], before[name], damping)
         torch.testing.assert_close(layer.grad_matrix(), expected, rtol=1e-9, atol=1e-12)
 
 
-def test_inverse_equals_factored_damping_formula() -> None:
+@pytest.mark.parametrize("mode", [None, "pi_split", "per_factor"])
+def test_inverse_equals_factored_damping_formula(mode: str | None) -> None:
+    """Both damping modes of the inverse method; the default (None) is ``pi_split``."""
     model = _model()
     damping = 0.01
+    extra = {} if mode is None else {"damping_mode": mode}
     pre = KFACPreconditioner(
-        model, damping=damping, kl_clip=None, inv_dtype=torch.float64, compute_method="inverse"
+        model,
+        damping=damping,
+        kl_clip=None,
+        inv_dtype=torch.float64,
+        compute_method="inverse",
+        **extra,
     )
     before = _run_step(pre, model)
     state = pre.state_dict()["layers"]
     for name, layer in pre.layers.items():
-        expected = _dense_inverse(state[name]["A"], state[name]["G"], before[name], damping)
+        a, g = state[name]["A"], state[name]["G"]
+        expected = dense_inverse_step(a, g, before[name], damping, mode or "pi_split")
         torch.testing.assert_close(layer.grad_matrix(), expected, rtol=1e-9, atol=1e-12)
 
 
@@ -101,7 +89,7 @@ def test_second_order_is_reused_between_inverse_updates() -> None:
     g0 = pre.state_dict()["layers"]["5"]["G"].clone()
     before = _run_step(pre, model, seed=2)
     assert not torch.allclose(pre.state_dict()["layers"]["5"]["A"], a0)
-    expected = _dense_eigen(a0, g0, before["5"], 0.03)
+    expected = dense_eigen_step(a0, g0, before["5"], 0.03)
     torch.testing.assert_close(pre.layers["5"].grad_matrix(), expected, rtol=1e-9, atol=1e-12)
 
 
