@@ -21,7 +21,8 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt --no-deps $(ORACLES)
 	@touch $(STAMP)
 
-# System packages the tests use: Slurm and munge (the local cluster), hdf5-tools (h5ls/h5dump).
+# System packages the tests use: Slurm and munge (the local cluster), hdf5-tools (h5ls/h5dump),
+# Open MPI (the mpirun launcher tests) and Chromium (the report is checked in a real browser).
 sysdeps:
 	@bash tools/install-system-deps.sh
 
