@@ -247,7 +247,19 @@ def _option_value(option: Option, value: Any) -> Any:
 def _axis(name: str, value: Any) -> tuple[Any, ...]:
     """A non-empty list of an axis's values; ``"1,2,4"`` from the command line is split."""
     option = AXES[name]
-    return tuple(_option_value(option, v) for v in _as_list(name, value, str))
+    items = [_axis_text(name, v) for v in value] if isinstance(value, list | tuple) else value
+    return tuple(_option_value(option, v) for v in _as_list(name, _axis_text(name, items), str))
+
+
+def _axis_text(fld: str, value: Any) -> Any:
+    """A TOML scalar of an axis as the text the command line would give (lists pass through)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str | list):
+        return value
+    raise SweepInputError(fld, f"{value!r} is not a number, boolean or string")
 
 
 def load_spec(sweep_file: Path | None, overrides: Mapping[str, Any]) -> SweepSpec:

@@ -202,3 +202,19 @@ def test_sweep_dir_with_shell_metacharacters_is_inert(tmp_path):
     )
     assert check.stdout.strip() == str(sweep_dir)
     assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_toml_axes_take_booleans_and_numbers(tmp_path):
+    """`kfac = [true, false]` and `grad_worker_fraction = [1.0, 0.5]` in a sweep file are the
+    values the command line's `--kfac true,false` gives (the file `kfac-hpc plan` writes)."""
+    sweep_file = tmp_path / "axes.toml"
+    sweep_file.write_text(
+        "nodes = [1, 2]\n[axes]\nkfac = [true, false]\ngrad_worker_fraction = [1.0, 0.5]\n"
+    )
+    points = expand_points(load_spec(sweep_file, {}))
+    assert {p.params["kfac"] for p in points} == {True, False}
+    assert {p.params.get("grad_worker_fraction") for p in points if p.params["kfac"]} == {1.0, 0.5}
+    bad = tmp_path / "bad.toml"
+    bad.write_text("nodes = [1]\n[axes]\nkfac = [1979-05-27]\n")
+    with pytest.raises(SweepInputError, match="kfac"):
+        load_spec(bad, {})
