@@ -129,7 +129,10 @@ class Job:
 
         def fits(checkpoint: LoadedCheckpoint) -> None:
             check_restorable(
-                checkpoint, model=self.model, optimizer=self.method.optimizer, preconditioner=state
+                checkpoint,
+                model=self.model,
+                optimizer=self.method.checkpointed_optimizer,
+                preconditioner=state,
             )
 
         checkpoint = self.manager.load_latest(fits)
