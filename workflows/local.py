@@ -71,13 +71,16 @@ def mpi_prefix(ranks: int, is_open_mpi: bool) -> str:
     return f"mpiexec -n {ranks} --oversubscribe" if is_open_mpi else "$PARSL_MPI_PREFIX"
 
 
-def point_command(manifest: Manifest, sweep_dir: Path, point: PointRecord) -> str:
-    """The shell command that runs one point (the local backend's script)."""
+def point_command(
+    manifest: Manifest, sweep_dir: Path, point: PointRecord, *, emulate_nodes: bool = True
+) -> str:
+    """The shell command that runs one point: the local backend's script (``emulate_nodes``:
+    the point's nodes run as ranks on this host), or a pilot's job step on real nodes."""
     env = {
         "OMP_NUM_THREADS": str(point.params["cpus_per_task"]),
         "PYTHONUNBUFFERED": "1",
-        # The point's nodes run as ranks on this host: the job records the nodes asked for.
-        EMULATED_NODES: str(point.params["nodes"]),
+        # Emulated nodes: the job records the nodes asked for, not the one host it sees.
+        **({EMULATED_NODES: str(point.params["nodes"])} if emulate_nodes else {}),
         **manifest.profile["env"],
     }
     argv = [

@@ -223,7 +223,7 @@ def _launch(
     name = f"{manifest.name}-{point.array}_{job_id}_{point.array_index}.out"
     log = str(sweep_dir / "logs" / name)
     future: concurrent.futures.Future[Any] = _pilot_point(
-        point_command(manifest, sweep_dir, point),
+        point_command(manifest, sweep_dir, point, emulate_nodes=False),
         parsl_resource_specification={
             "num_nodes": nodes,
             "num_ranks": nodes * shape.ranks_per_node,
