@@ -1,18 +1,18 @@
 """A per-run cache of what the collector read: collecting a sweep again (while it runs, or after
-one more point finished) re-reads only the run directories whose files changed.
+one more point finished) re-reads only the run directories whose files changed, and rewrites
+only their cache files.
 
-One file, ``<source>/.cache/collect.jsonl``: a header line, then one line per run directory,
-``[path, signature] TAB run``. The signature holds the size, modification time (ns) and inode
-of each file the reader opens, and the run's manifest point (its state decides the row's state
-too); the run is the :class:`RunData` read then, its float arrays base64-packed. A line whose
-signature differs from the run's files now is read again; a cache written by another version
-is ignored. Writing it is best effort (a read-only sweep directory is collected without one).
+A run's cache files (:class:`RunCache`) hold its :class:`RunData` as read (window arrays
+base64-packed) and, once tables were built from it, its table rows. Each is keyed by the run's
+signature: the size, modification time (ns) and inode of the run directory and of the files the
+job changes in place, and the run's manifest point (its state decides the row's state too).
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -21,37 +21,39 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from kfac_hpc import __version__
 from kfac_hpc.analysis.aggregate import WindowStats
 from kfac_hpc.analysis.rundir import EvalPoint, RunData, Segment, new_run
-from kfac_hpc.contracts.rundir import CONFIG, METRICS, RUN, Marker
+from kfac_hpc.contracts.rundir import CONFIG, METRICS, RUN
 
 JSON = dict[str, Any]
 CACHE_DIR = ".cache"
-CACHE_FILE = "collect.jsonl"
-# Every file read_run_dir opens in a run directory.
-RUN_FILES = (CONFIG, RUN, METRICS, *(str(m.value) for m in Marker))
-_HEADER = json.dumps(
-    {"cache": "collect", "version": 1, "kfac_hpc": __version__, "byteorder": sys.byteorder}
-)
+CACHE_FOLDER = "collect"
+# The folder's own entry changes whenever a file is created, removed or renamed into it (the
+# job creates its markers, and replaces run.json and config.json by rename); metrics.jsonl is
+# appended in place, and the JSON files are watched too in case one is edited where it lies.
+WATCHED = ("", CONFIG, METRICS, RUN)
+# Part of every cache file's first line: files of another version or byte order never match.
+_HEADER = f"collect-cache 5 kfac-hpc {__version__} {sys.byteorder}"
 _ARRAYS = ("step_s", "wall_s", "loss")
-# run.json's per-rank lists (world size x phases numbers).
-_PER_RANK = ("rank_phases_s", "samples_per_s_per_rank")
 _INT_KEYED = ("compute_by_attempt", "spans")
 
 
 def signature(path: Path, point: JSON | None) -> str:
-    """What must be unchanged for a cached read of ``path`` to stand."""
+    """What must be unchanged for a cached read of ``path`` to stand: the size, modification
+    time and inode of the run directory and of the files in :data:`WATCHED`, and the point."""
     files: list[Any] = []
     base = os.fspath(path)
-    for name in RUN_FILES:
+    for name in WATCHED:
         try:
             st = os.stat(os.path.join(base, name))
         except OSError:  # absent (or path is no directory)
             files.append(None)
             continue
         files.append((st.st_size, st.st_mtime_ns, st.st_ino))
-    return json.dumps([os.path.isdir(base), files, point], default=str)
+    return json.dumps([files, point], default=str)
 
 
 def _encode_stats(stats: WindowStats) -> JSON:
@@ -77,40 +79,13 @@ def _decode_stats(data: JSON) -> WindowStats:
     return WindowStats(**values)
 
 
-def _pack(values: Any) -> Any:
-    """A list of floats as base64 of its doubles (exact, and parsed at C speed), else as is."""
-    if isinstance(values, list) and values and set(map(type, values)) == {float}:
-        return {"f8": base64.b64encode(array("d", values).tobytes()).decode("ascii")}
-    return values
-
-
-def _unpack(value: Any) -> Any:
-    if isinstance(value, dict) and len(value) == 1 and "f8" in value:
-        column = array("d")
-        column.frombytes(base64.b64decode(value["f8"]))
-        return column.tolist()
-    return value
-
-
-def _pack_summary(summary: JSON) -> JSON:
-    """run.json with its per-rank lists packed: they are most of its numbers."""
-    out = dict(summary)
-    for key, value in summary.items():
-        if key in _PER_RANK and isinstance(value, dict):
-            out[key] = {k: _pack(v) for k, v in value.items()}
-        elif key in _PER_RANK:
-            out[key] = _pack(value)
-    return out
-
-
-def _unpack_summary(summary: JSON) -> JSON:
-    for key in _PER_RANK:
-        value = summary.get(key)
-        if isinstance(value, dict) and "f8" not in value:
-            summary[key] = {k: _unpack(v) for k, v in value.items()}
-        elif value is not None:
-            summary[key] = _unpack(value)
-    return summary
+def _loads(text: str) -> Any:
+    """orjson's parse, or the standard library's for what orjson refuses (NaN, which
+    :func:`encode` keeps as json writes it)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
 
 
 def encode(run: RunData) -> str:
@@ -121,7 +96,7 @@ def encode(run: RunData) -> str:
             "state": run.state,
             "reason": run.reason,
             "config": run.config,
-            "summary": _pack_summary(run.summary),
+            "summary": run.summary,
             "notes": run.notes,
             "evals": [list(vars_of(e)) for e in run.evals],
             "segments": [list(vars_of(s)) for s in run.segments],
@@ -138,11 +113,11 @@ def vars_of(item: EvalPoint | Segment) -> tuple[Any, ...]:
 
 def decode(text: str, path: Path, point: JSON | None) -> RunData:
     """The :class:`RunData` of an :func:`encode` line, with ``path`` and its manifest point."""
-    data = json.loads(text)
+    data = _loads(text)
     run = new_run(path, point)
     run.run_id, run.state, run.reason = data["run_id"], data["state"], data["reason"]
     run.config, run.notes = data["config"], data["notes"]
-    run.summary = _unpack_summary(data["summary"])
+    run.summary = data["summary"]
     run.evals = [EvalPoint(*e) for e in data["evals"]]
     run.segments = [Segment(*s) for s in data["segments"]]
     run.stats = _decode_stats(data["stats"])
@@ -150,38 +125,17 @@ def decode(text: str, path: Path, point: JSON | None) -> RunData:
 
 
 class RunCache:
-    """The cache of one source directory: :meth:`lookup` before reading, :meth:`save` after."""
+    """The cache of one source directory, one pair of files per run directory in
+    ``<source>/.cache/collect/``: ``<digest>.run`` (the :func:`encode`-d run) and
+    ``<digest>.rows`` (its table rows, see :mod:`kfac_hpc.analysis.incremental`). Each file's
+    first line is ``[header, path, signature]``: it stands only while that line is unchanged.
+    Writing is best effort (a read-only sweep directory is collected without a cache) and not
+    fsync'd: a cache file lost in a crash is only read again."""
 
     def __init__(self, source: Path) -> None:
         self.source = source
-        self.path = source / CACHE_DIR / CACHE_FILE
-        self._old: dict[str, tuple[str, str]] = {}  # run path -> (signature, line)
-        self._new: list[str] = []
-        try:
-            lines = self.path.read_text(encoding="utf-8").split("\n")
-        except (OSError, UnicodeDecodeError):
-            return
-        if lines[0] != _HEADER:
-            return
-        for line in lines[1:]:
-            head, tab, _ = line.partition("\t")
-            if tab:
-                key, sig = json.loads(head)
-                self._old[key] = (sig, line)
-
-    def lookup(self, path: Path, point: JSON | None) -> tuple[RunData | None, str]:
-        """(the cached run or None, the signature of its files now)."""
-        sig = signature(path, point)
-        hit = self._old.get(self._key(path))
-        if hit is None or hit[0] != sig:
-            return None, sig
-        line = hit[1]
-        self._new.append(line)
-        return decode(line.partition("\t")[2], path, point), sig
-
-    def add(self, run: RunData, sig: str, encoded: str) -> None:
-        """Remember a fresh read of ``run`` (``encoded`` by :func:`encode`)."""
-        self._new.append(json.dumps([self._key(run.path), sig]) + "\t" + encoded)
+        self.folder = source / CACHE_DIR / CACHE_FOLDER
+        self._writable = True
 
     def _key(self, path: Path) -> str:
         """``path`` relative to the source when inside it: the same run whichever way the
@@ -191,15 +145,68 @@ class RunCache:
         except ValueError:
             return str(path)
 
-    def save(self) -> None:
-        """Write the runs looked up or added since loading; silently skipped when the
-        directory is not writable."""
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+    def _file(self, path: Path, suffix: str) -> Path:
+        digest = hashlib.sha1(self._key(path).encode("utf-8")).hexdigest()[:24]
+        return self.folder / f"{digest}.{suffix}"
+
+    def _first_line(self, path: Path, sig: str) -> str:
+        return json.dumps([_HEADER, self._key(path), sig])
+
+    def _read(self, path: Path, sig: str, suffix: str) -> str | None:
+        """The payload of ``path``'s ``suffix`` file if it was written for signature ``sig``."""
         try:
-            self.path.parent.mkdir(exist_ok=True)
-            # No fsync: a cache lost in a crash is only read again.
-            tmp.write_text("\n".join([_HEADER, *self._new]) + "\n", encoding="utf-8")
-            os.replace(tmp, self.path)
+            text = self._file(path, suffix).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+        head, _, payload = text.partition("\n")
+        return payload if head == self._first_line(path, sig) else None
+
+    def _write(self, path: Path, sig: str, suffix: str, payload: str) -> None:
+        if not self._writable:
+            return
+        target = self._file(path, suffix)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(f"{self._first_line(path, sig)}\n{payload}", encoding="utf-8")
+            os.replace(tmp, target)
         except OSError:
+            self._writable = False
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
+
+    def lookup(self, path: Path, point: JSON | None) -> tuple[RunData | None, str]:
+        """(the cached run or None, the signature of its files now)."""
+        sig = signature(path, point)
+        return self.run(path, point, sig), sig
+
+    def run(self, path: Path, point: JSON | None, sig: str) -> RunData | None:
+        """The run kept for ``path`` under signature ``sig``, or None."""
+        payload = self._read(path, sig, "run")
+        return None if payload is None else decode(payload, path, point)
+
+    def add(self, run: RunData, sig: str, encoded: str) -> None:
+        """Keep a fresh read of ``run`` (``encoded`` by :func:`encode`) under signature ``sig``."""
+        self._write(run.path, sig, "run", encoded)
+
+    def rows(self, path: Path, sig: str, context: str) -> JSON | None:
+        """The rows kept by :meth:`set_rows` for ``path`` when its files still have signature
+        ``sig`` and the rows were built in ``context``; else None."""
+        payload = self._read(path, sig, "rows")
+        if payload is None:
+            return None
+        rows = _loads(payload)
+        return rows if isinstance(rows, dict) and rows.get("context") == context else None
+
+    def set_rows(self, path: Path, sig: str, rows: JSON) -> None:
+        """Keep ``rows`` (a JSON object with a ``context`` key) for ``path`` under ``sig``."""
+        self._write(path, sig, "rows", json.dumps(rows, separators=(",", ":")))
+
+    def prune(self, paths: list[Path]) -> None:
+        """Remove the cache files of run directories other than ``paths``."""
+        keep = {self._file(p, suffix).name for p in paths for suffix in ("run", "rows")}
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.folder):
+                if entry.name not in keep:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)

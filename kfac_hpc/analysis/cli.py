@@ -10,11 +10,12 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from kfac_hpc.analysis.collect import CollectError, Collection, collect
+from kfac_hpc.analysis.incremental import collect_tables
 from kfac_hpc.analysis.output import (
     FORMATS,
     RUN_TABLE_VIEW,
@@ -22,6 +23,8 @@ from kfac_hpc.analysis.output import (
     render,
     write_tables,
 )
+from kfac_hpc.analysis.parquet import ParquetWriter
+from kfac_hpc.analysis.schema import DONE
 from kfac_hpc.analysis.tables import RUN_COLUMNS
 from kfac_hpc.contracts.exit_codes import ExitCode
 
@@ -64,8 +67,16 @@ _target = click.option(
 
 def _collect_or_exit(source: Path, name: str = "SWEEP_DIR") -> Collection:
     """The collection of ``source``; bad input (naming the argument ``name``) exits 2."""
+    return _or_exit(lambda: collect(source), name)
+
+
+T = TypeVar("T")
+
+
+def _or_exit(gather: Callable[[], T], name: str) -> T:
+    """``gather()``; its CollectError (bad input, naming the argument ``name``) exits 2."""
     try:
-        return collect(source)
+        return gather()
     except CollectError as exc:
         click.echo(f"error: {name}: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
@@ -79,16 +90,16 @@ def _write_or_exit(out_dir: Path, write: Callable[[], object]) -> None:
         sys.exit(EXIT_BAD_INPUT)
 
 
-def _exit_code(collection: Collection) -> int:
-    return EXIT_ALL_DONE if collection.all_done else EXIT_NOT_ALL_DONE
+def _exit_code(states: list[str]) -> int:
+    return EXIT_ALL_DONE if all(s == DONE for s in states) else EXIT_NOT_ALL_DONE
 
 
-def _summary_line(collection: Collection) -> str:
-    states: dict[str, int] = {}
-    for run in collection.runs:
-        states[run.state] = states.get(run.state, 0) + 1
-    counts = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
-    return f"{len(collection.runs)} run(s): {counts}"
+def _summary_line(states: list[str]) -> str:
+    counts: dict[str, int] = {}
+    for state in states:
+        counts[state] = counts.get(state, 0) + 1
+    text = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    return f"{len(states)} run(s): {text}"
 
 
 @click.command("collect")
@@ -110,13 +121,14 @@ def collect_command(
     pyarrow is installed) and prints the runs. Exit code 0: every point is done; 1: some
     failed or are incomplete; 2: bad input.
     """
-    collection = _collect_or_exit(source)
-    tables = build_tables(collection, target_accuracy)
     out_dir = out or source / "analysis"
-    _write_or_exit(out_dir, lambda: write_tables(tables, out_dir))
+    with ParquetWriter() as parquet:  # imports pyarrow in a child while the runs are collected
+        collected = _or_exit(lambda: collect_tables(source, target_accuracy), "SWEEP_DIR")
+        tables = collected.tables
+        _write_or_exit(out_dir, lambda: write_tables(tables, out_dir, parquet))
     click.echo(render(tables.runs, RUN_COLUMNS, fmt, RUN_TABLE_VIEW))
-    click.echo(f"{_summary_line(collection)}; tables in {out_dir}", err=True)
-    sys.exit(_exit_code(collection))
+    click.echo(f"{_summary_line(collected.states)}; tables in {out_dir}", err=True)
+    sys.exit(_exit_code(collected.states))
 
 
 @click.command("report")
@@ -161,7 +173,7 @@ def report_command(
     from kfac_hpc.analysis.metrics import SCALING_COLUMNS
 
     try:
-        from kfac_hpc.analysis.report import SCALING_VIEW, write_report
+        from kfac_hpc.analysis.report import COMPARE_TABLE, SCALING_VIEW, write_report
     except ImportError as exc:  # matplotlib is the 'report' extra
         click.echo(f"error: {exc}; install it: pip install 'kfac-hpc[report]'", err=True)
         sys.exit(EXIT_BAD_INPUT)
@@ -183,6 +195,7 @@ def report_command(
         click.echo(render(tables.scaling, SCALING_COLUMNS, fmt, SCALING_VIEW))
         if comparison is not None:
             click.echo("")
-            click.echo(render(comparison, COMPARE_COLUMNS, fmt, COMPARE_COLUMNS[1:]))
-    click.echo(f"{_summary_line(collection)}; report in {out_dir / 'report.md'}", err=True)
-    sys.exit(_exit_code(collection))
+            click.echo(render(comparison, COMPARE_COLUMNS, fmt, COMPARE_TABLE))
+    states = [run.state for run in collection.runs]
+    click.echo(f"{_summary_line(states)}; report in {out_dir / 'report.md'}", err=True)
+    sys.exit(_exit_code(states))

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kfac_hpc.analysis import schema
 from kfac_hpc.analysis.cache import RunCache, encode
@@ -28,6 +29,8 @@ RUN_DIR_FILES = frozenset({CONFIG, METRICS, RUN, Marker.DONE.value, Marker.ERROR
 SCAN_DEPTH = 4
 # Below this many runs to read per worker, starting processes costs more than it saves.
 RUNS_PER_WORKER = 16
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class CollectError(Exception):
@@ -117,22 +120,23 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _read_many(items: list[Item]) -> list[tuple[RunData, str]]:
-    """Read (and encode for the cache) ``items``, in a process pool when they are many."""
-    workers = min(_cpus(), len(items) // RUNS_PER_WORKER)
+def in_pool(work: Callable[[T], R], tasks: list[T]) -> list[R]:
+    """``[work(t) for t in tasks]``, in a pool of one process per CPU when the tasks are many
+    (``work`` must be a module-level function)."""
+    workers = min(_cpus(), len(tasks) // RUNS_PER_WORKER)
     if workers < 2:
-        return [_read_encoded(item) for item in items]
+        return [work(task) for task in tasks]
     # fork: the workers inherit the imported package instead of importing it again
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if "fork" in methods else None)
-    chunk = max(1, len(items) // (workers * 8))
+    chunk = max(1, len(tasks) // (workers * 8))
     with ProcessPoolExecutor(workers, mp_context=context) as pool:
-        return list(pool.map(_read_encoded, items, chunksize=chunk))
+        return list(pool.map(work, tasks, chunksize=chunk))
 
 
 def read_runs(source: Path, items: list[Item], *, cache: bool = True) -> list[RunData]:
     """The runs of ``items`` in order: unchanged ones from ``source``'s cache, the others
-    read from disk (and the cache rewritten). ``cache=False`` reads everything."""
+    read from disk (and cached). ``cache=False`` reads everything."""
     if not cache:
         return [read_run_dir(*item) for item in items]
     store = RunCache(source)
@@ -143,20 +147,20 @@ def read_runs(source: Path, items: list[Item], *, cache: bool = True) -> list[Ru
         runs.append(run)
         if run is None:
             todo.append((index, sig))
-    fresh = _read_many([items[i] for i, _ in todo])
+    fresh = in_pool(_read_encoded, [items[i] for i, _ in todo])
     for (index, sig), (run, encoded) in zip(todo, fresh, strict=True):
         runs[index] = run
         store.add(run, sig, encoded)
     if fresh:
-        store.save()
+        store.prune([path for path, _ in items])
     return [run for run in runs if run is not None]
 
 
-def collect(source: Path, *, cache: bool = True) -> Collection:
-    """Read every run of ``source`` (a sweep directory or a folder of run directories).
+def collection_items(source: Path) -> tuple[list[Item], dict[str, Any] | None]:
+    """The run directories of ``source`` with their manifest points, and its manifest.
 
     Raises :class:`CollectError` when ``source`` is not a directory, its manifest is
-    unreadable, or it holds no run at all. ``cache=False`` ignores the per-run cache.
+    unreadable, or it holds no run at all.
     """
     if not source.is_dir():
         raise CollectError(f"{source}: not a directory; pass a sweep directory or run folder")
@@ -164,17 +168,26 @@ def collect(source: Path, *, cache: bool = True) -> Collection:
     if manifest_path.exists():
         manifest = _read_manifest(manifest_path)
         points = _manifest_points(manifest, manifest_path)
-        runs = read_runs(source, [(_point_dir(source, p), p) for p in points], cache=cache)
-        if not runs:
+        if not points:
             raise CollectError(f"{manifest_path}: lists no points; was the sweep expanded?")
-        return Collection(source, runs, manifest)
+        return [(_point_dir(source, p), p) for p in points], manifest
     dirs = find_run_dirs(source)
     if not dirs:
         raise CollectError(
             f"{source}: no manifest.json and no run directory (a folder with config.json, "
             "metrics.jsonl or run.json) found; pass a sweep directory or run folder"
         )
-    return Collection(source, read_runs(source, [(d, None) for d in dirs], cache=cache))
+    return [(d, None) for d in dirs], None
+
+
+def collect(source: Path, *, cache: bool = True) -> Collection:
+    """Read every run of ``source`` (a sweep directory or a folder of run directories).
+
+    Raises :class:`CollectError` as :func:`collection_items` does. ``cache=False`` ignores
+    the per-run cache.
+    """
+    items, manifest = collection_items(source)
+    return Collection(source, read_runs(source, items, cache=cache), manifest)
 
 
 def _point_dir(sweep_dir: Path, point: dict[str, Any]) -> Path:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from kfac_hpc.analysis.collect import Collection
+from kfac_hpc.analysis.humanize import Column, render_columns
 from kfac_hpc.analysis.metrics import SCALING_COLUMNS, scaling_rows
+from kfac_hpc.analysis.parquet import ParquetWriter
 from kfac_hpc.analysis.tables import (
     PHASE_COLUMNS,
     RUN_COLUMNS,
@@ -23,36 +25,39 @@ from kfac_hpc.analysis.tables import (
     segment_rows,
     varying_params,
 )
-from kfac_hpc.contracts.atomic import write_text_atomic
+from kfac_hpc.contracts.atomic import write_bytes_atomic, write_text_atomic
 
 Row = dict[str, Any]
-_INT64_MAX = 2**63 - 1
-_FLOAT_MAX = sys.float_info.max
 FORMATS = ("table", "csv", "json")
 # The runs-table columns a terminal shows (the files hold them all).
 RUN_TABLE_VIEW = (
-    "run_id",
-    "state",
-    "optimizer_label",
-    "nodes",
-    "world_size",
-    "segments",
-    "samples_per_s",
-    "step_mean_s",
-    "time_to_target_s",
-    "comm_fraction",
-    "reason",
+    Column("run_id", "run"),
+    Column("state", "state"),
+    Column("optimizer_label", "method"),
+    Column("nodes", "nodes", "count"),
+    Column("world_size", "ranks", "count"),
+    Column("segments", "attempts", "count"),
+    Column("samples_per_s", "throughput", "rate"),
+    Column("step_mean_s", "step", "time"),
+    Column("time_to_target_s", "time to target", "time"),
+    Column("comm_fraction", "communication", "percent"),
+    Column("reason", "reason"),
 )
 
 
 @dataclass(frozen=True)
 class Tables:
-    """Every table of one collection; each row is a flat dict keyed by the table's columns."""
+    """Every table of one collection; each row is a flat dict keyed by the table's columns.
+
+    ``bodies`` holds, for the tables whose text is already known (kept in the collector's
+    cache), their CSV lines without the header and their JSON Lines.
+    """
 
     runs: list[Row]
     phases: list[Row]
     segments: list[Row]
     scaling: list[Row]
+    bodies: dict[str, tuple[str, bytes]] = field(default_factory=dict)
 
     def named(self) -> dict[str, tuple[list[Row], Sequence[str]]]:
         """File stem -> (rows, columns)."""
@@ -76,86 +81,69 @@ def build_tables(collection: Collection, target_accuracy: float | None = None) -
     return Tables(runs, phases, segments, scaling_rows(runs))
 
 
-def _csv_text(rows: list[Row], columns: Sequence[str]) -> str:
+def csv_body(rows: list[Row], columns: Sequence[str]) -> str:
+    """``rows`` as CSV lines, without the header."""
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
+    csv.writer(buffer).writerows([[row.get(c) for c in columns] for row in rows])
     return buffer.getvalue()
 
 
-def _jsonl_text(rows: list[Row]) -> str:
-    return "".join(json.dumps(row, sort_keys=False) + "\n" for row in rows)
+def _csv_text(rows: list[Row], columns: Sequence[str]) -> str:
+    buffer = io.StringIO()
+    csv.writer(buffer).writerow(columns)
+    return buffer.getvalue() + csv_body(rows, columns)
 
 
-def _column(values: list[Any]) -> tuple[str, list[Any]]:
-    """One Parquet column's type (bool, int64, double or string) and its values: a column whose
-    values mix kinds (a damaged run's junk) becomes strings rather than failing the write."""
-    present = [v for v in values if v is not None]
-    if present and all(type(v) is bool for v in present):
-        return "bool", values
-    if all(type(v) is int and -_INT64_MAX <= v <= _INT64_MAX for v in present):
-        return "int64", values
-    if all(type(v) is float or (type(v) is int and abs(v) <= _FLOAT_MAX) for v in present):
-        return "double", [None if v is None else float(v) for v in values]
-    as_text = [v if isinstance(v, str) else json.dumps(v, default=str) for v in present]
-    texts = iter(as_text)
-    return "string", [None if v is None else next(texts) for v in values]
-
-
-def _write_parquet(path: Path, rows: list[Row], columns: Sequence[str]) -> bool:
-    """Write Parquet when pyarrow is importable; False when it is not."""
+def _jsonl_line(row: Row) -> bytes:
+    """``row`` as one JSON line: orjson (NaN and infinities become null, as JSON requires),
+    the standard library for what orjson refuses (an integer beyond 64 bits)."""
     try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        return False
-    arrays, fields = [], []
-    for name in columns:
-        kind, values = _column([r.get(name) for r in rows])
-        arrays.append(pa.array(values, type=pa.type_for_alias(kind)))
-        fields.append(name)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(pa.Table.from_arrays(arrays, names=fields), tmp)
-    os.replace(tmp, path)
-    return True
+        return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError:
+        return (json.dumps(row) + "\n").encode("utf-8")
 
 
-def write_tables(tables: Tables, out_dir: Path) -> list[Path]:
-    """Write ``<table>.csv`` and ``<table>.jsonl`` (and ``.parquet``) into ``out_dir``."""
+def jsonl_bytes(rows: list[Row]) -> bytes:
+    return b"".join([_jsonl_line(row) for row in rows])
+
+
+def write_tables(tables: Tables, out_dir: Path, parquet: ParquetWriter | None = None) -> list[Path]:
+    """Write ``<table>.csv`` and ``<table>.jsonl`` (and ``.parquet``) into ``out_dir``; the
+    Parquet files by ``parquet`` when given (one started before collecting), else by a new one."""
+    if parquet is None:
+        with ParquetWriter() as writer:
+            return write_tables(tables, out_dir, writer)
     out_dir.mkdir(parents=True, exist_ok=True)
+    named = tables.named()
+    parquet.start({stem: (rows, list(columns)) for stem, (rows, columns) in named.items()}, out_dir)
     written = []
-    for stem, (rows, columns) in tables.named().items():
-        for suffix, text in (("csv", _csv_text(rows, columns)), ("jsonl", _jsonl_text(rows))):
-            write_text_atomic(out_dir / f"{stem}.{suffix}", text)
-            written.append(out_dir / f"{stem}.{suffix}")
-        if _write_parquet(out_dir / f"{stem}.parquet", rows, columns):
-            written.append(out_dir / f"{stem}.parquet")
-    return written
+    for stem, (rows, columns) in named.items():
+        body, lines = tables.bodies.get(stem) or (csv_body(rows, columns), jsonl_bytes(rows))
+        # Not fsync'd: the tables are made again from the run directories by collecting.
+        write_text_atomic(out_dir / f"{stem}.csv", _csv_text([], columns) + body, durable=False)
+        write_bytes_atomic(out_dir / f"{stem}.jsonl", lines, durable=False)
+        written += [out_dir / f"{stem}.csv", out_dir / f"{stem}.jsonl"]
+    return written + parquet.wait()
 
 
-def cell_text(value: Any) -> str:
-    """A value as a short human string: 4 significant digits for floats, '-' for None."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+def text_table(rows: list[Row], view: Sequence[Column], max_width: int = 64) -> str:
+    """An aligned text table for people: titles with units, 3 significant digits, numbers
+    right-aligned (cells longer than ``max_width`` are shortened)."""
+    titles, cells = render_columns(rows, view)
+    cells = [[cell[:max_width] for cell in row] for row in cells]
+    widths = [max([len(t)] + [len(row[i]) for row in cells]) for i, t in enumerate(titles)]
+    right = [column.kind != "text" for column in view]
+
+    def line(texts: Sequence[str]) -> str:
+        parts = zip(texts, widths, right, strict=True)
+        return "  ".join(t.rjust(w) if r else t.ljust(w) for t, w, r in parts).rstrip()
+
+    return "\n".join([line(titles), *(line(row) for row in cells)])
 
 
-def text_table(rows: list[Row], columns: Sequence[str], max_width: int = 64) -> str:
-    """A fixed-width text table (cells longer than ``max_width`` are shortened)."""
-    cells = [[cell_text(r.get(c))[:max_width] for c in columns] for r in rows]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
-    lines += [
-        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells
-    ]
-    return "\n".join(lines)
-
-
-def render(rows: list[Row], columns: Sequence[str], fmt: str, view: Sequence[str]) -> str:
-    """``rows`` for a terminal: ``table`` shows the ``view`` columns, csv/json show all."""
+def render(rows: list[Row], columns: Sequence[str], fmt: str, view: Sequence[Column]) -> str:
+    """``rows`` for a terminal: ``table`` shows the ``view`` columns for people, csv/json
+    show every column as the files hold it."""
     if fmt == "csv":
         return _csv_text(rows, columns).rstrip("\n")
     if fmt == "json":

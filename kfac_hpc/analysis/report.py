@@ -22,18 +22,19 @@ from kfac_hpc.analysis.summary import short_labels, summary_sentences
 
 Row = dict[str, Any]
 
+# The scaling-table columns a terminal shows.
 SCALING_VIEW = (
-    "group",
-    "nodes",
-    "runs",
-    "points",
-    "samples_per_s_median",
-    "samples_per_s_min",
-    "samples_per_s_max",
-    "speedup",
-    "parallel_efficiency",
-    "weak_efficiency",
-    "karp_flatt_serial_fraction",
+    Column("group", "configuration"),
+    Column("nodes", "nodes", "count"),
+    Column("runs", "done", "count"),
+    Column("points", "points", "count"),
+    Column("samples_per_s_median", "throughput", "rate"),
+    Column("samples_per_s_min", "min", "rate"),
+    Column("samples_per_s_max", "max", "rate"),
+    Column("speedup", "speedup", "ratio"),
+    Column("parallel_efficiency", "efficiency", "percent"),
+    Column("weak_efficiency", "weak efficiency", "percent"),
+    Column("karp_flatt_serial_fraction", "serial fraction", "percent"),
 )
 PLOTS: tuple[tuple[str, str], ...] = (
     ("throughput", "Throughput vs nodes (log-2 axes, median with min-max band, dashed: ideal)"),

@@ -11,13 +11,21 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
     The same definition as ``numpy.percentile``'s default ("linear", Hyndman-Fan type 7).
     """
+    return percentiles(values, (q,))[0]
+
+
+def percentiles(values: Sequence[float], qs: Sequence[float]) -> list[float | None]:
+    """:func:`percentile` of ``values`` at each of ``qs``, sorting once."""
     if not values:
-        return None
+        return [None for _ in qs]
     ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100.0
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    out: list[float | None] = []
+    for q in qs:
+        position = (len(ordered) - 1) * q / 100.0
+        low = math.floor(position)
+        high = min(low + 1, len(ordered) - 1)
+        out.append(ordered[low] + (ordered[high] - ordered[low]) * (position - low))
+    return out
 
 
 def median(values: Sequence[float]) -> float | None:

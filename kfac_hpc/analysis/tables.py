@@ -8,12 +8,13 @@ without one (failed, preempted, killed) gets what its metrics.jsonl allows.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from kfac_hpc.analysis import schema
 from kfac_hpc.analysis.aggregate import float_list, number
 from kfac_hpc.analysis.rundir import RunData
-from kfac_hpc.analysis.stats import percentile, ratio, relative_spread
+from kfac_hpc.analysis.stats import percentiles, ratio, relative_spread
 from kfac_hpc.contracts.options import FIRST_ORDER, METHOD_SWITCHES
 
 Row = dict[str, Any]
@@ -157,9 +158,14 @@ def batch_size(run: RunData, key: str) -> Any:
 def varying_params(runs: list[RunData]) -> frozenset[str]:
     """Manifest parameters that take more than one value across ``runs``: the ones a group
     label must show (constant ones, e.g. ``cpus_per_task``, would only lengthen it)."""
+    return varying_of(run.params for run in runs)
+
+
+def varying_of(params: Iterable[dict[str, Any]]) -> frozenset[str]:
+    """:func:`varying_params` of the runs whose manifest parameters are ``params``."""
     seen: dict[str, set[str]] = {}
-    for run in runs:
-        for key, value in run.params.items():
+    for values in params:
+        for key, value in values.items():
             seen.setdefault(key, set()).add(json.dumps(value, sort_keys=True, default=str))
     return frozenset(k for k, values in seen.items() if len(values) > 1)
 
@@ -201,7 +207,8 @@ def _step_stats(run: RunData) -> tuple[float | None, float | None, float | None]
     if isinstance(summary, dict) and number(summary.get("mean")) is not None:
         return number(summary.get("mean")), number(summary.get("p50")), number(summary.get("p90"))
     values = run.stats.step_s
-    return run.stats.step_mean_s(), percentile(values, 50), percentile(values, 90)
+    p50, p90 = percentiles(values, (50, 90))
+    return run.stats.step_mean_s(), p50, p90
 
 
 def _throughput(run: RunData, world_size: int | None) -> Row:

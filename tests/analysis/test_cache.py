@@ -7,7 +7,7 @@ import importlib
 import os
 from pathlib import Path
 
-from kfac_hpc.analysis.cache import CACHE_DIR, CACHE_FILE
+from kfac_hpc.analysis.cache import CACHE_DIR, CACHE_FOLDER
 from kfac_hpc.analysis.collect import collect
 from kfac_hpc.analysis.output import build_tables
 from tests.synthetic_runs import SyntheticRun, write_sweep
@@ -58,7 +58,8 @@ def test_second_collect_rereads_only_changed_runs(tmp_path, monkeypatch):
     assert not (tmp_path / CACHE_DIR).exists()
     reads = _reads(monkeypatch)
     first = build_tables(collect(tmp_path))
-    assert len(reads) == 40 and (tmp_path / CACHE_DIR / CACHE_FILE).is_file()
+    assert len(reads) == 40
+    assert len(list((tmp_path / CACHE_DIR / CACHE_FOLDER).glob("*.run"))) == 40
     reads.clear()
     cached = build_tables(collect(tmp_path))
     assert reads == []
@@ -93,10 +94,12 @@ def test_unwritable_cache_is_skipped(tmp_path):
     assert len(collect(tmp_path).runs) == 3
 
 
-def test_cache_of_another_version_is_ignored(tmp_path):
+def test_cache_of_another_version_is_ignored(tmp_path, monkeypatch):
     _sweep(tmp_path, count=3)
     collect(tmp_path)
-    path = tmp_path / CACHE_DIR / CACHE_FILE
-    lines = path.read_text().split("\n")
-    path.write_text("\n".join(['{"cache": "collect", "version": 0}', *lines[1:]]))
+    for path in (tmp_path / CACHE_DIR / CACHE_FOLDER).glob("*.run"):
+        head, _, payload = path.read_text().partition("\n")
+        path.write_text(head.replace("collect-cache", "collect-cache-0") + "\n" + payload)
+    reads = _reads(monkeypatch)
     assert [r.state for r in collect(tmp_path).runs] == ["done"] * 3
+    assert len(reads) == 3

@@ -88,7 +88,7 @@ def test_formats(tmp_path, fmt):
     elif fmt == "csv":
         assert len(list(csv.DictReader(out.splitlines()))) == 12
     else:
-        assert out.splitlines()[0].split()[:2] == ["run_id", "state"]
+        assert out.splitlines()[0].split()[:2] == ["run", "state"]
         assert len(out.splitlines()) == 13
 
 

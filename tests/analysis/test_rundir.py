@@ -4,10 +4,11 @@ truncated, corrupt. Each becomes a row with a state and a reason; nothing raises
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
-from kfac_hpc.analysis import schema
+from kfac_hpc.analysis import rundir, schema
 from kfac_hpc.analysis.collect import CollectError, Collection, collect, find_run_dirs
 from kfac_hpc.analysis.output import build_tables
 from kfac_hpc.analysis.rundir import _without_rank_arrays, read_run_dir
@@ -93,6 +94,35 @@ def test_complete_last_line_without_newline_is_kept(tmp_path):
     run = read_run_dir(path)
     assert run.stats.windows == 10
     assert not run.notes
+
+
+def _read_fields(run):
+    return (run.state, run.notes, run.evals, run.segments, run.stats)
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_orjson_pass_and_standard_library_read_a_file_alike(tmp_path, monkeypatch, finished):
+    """The fast parser (orjson) and the tolerant one (json, line by line) give the same run."""
+    path = write_run_dir(tmp_path / "r", _run(state="done" if finished else "running"))
+    fast = read_run_dir(path)
+    monkeypatch.setattr(rundir, "_parse_fast", lambda body: None)
+    assert _read_fields(read_run_dir(path)) == _read_fields(fast)
+    assert fast.stats.windows == (10 if finished else 5)
+
+
+def test_records_orjson_refuses_are_read_by_the_standard_library(tmp_path):
+    """NaN (which Python's json writes) and a line of invalid UTF-8: the run is still read."""
+    path = write_run_dir(tmp_path / "r", _run())
+    lines = (path / "metrics.jsonl").read_bytes().splitlines()
+    first = json.loads(lines[0])
+    lines[0] = json.dumps({**first, "loss": float("nan")}).encode()
+    lines.insert(1, b'{"schema": 1, "kind": "train", "note": "\xff' + bytes([0xFF]) + b'"}')
+    (path / "metrics.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    assert rundir._parse_fast(b"\n".join(lines)) is None
+    run = read_run_dir(path)
+    assert run.stats.windows == 10
+    assert math.isnan(run.stats.loss[0]) and not math.isnan(run.stats.loss[1])
+    assert "metrics.jsonl: 1 malformed record(s) skipped" in run.notes
 
 
 @pytest.mark.parametrize(
