@@ -79,21 +79,17 @@ class CoordinateShard:
         return torch.cat([p[..., : b - a] for p, (a, b) in zip(pieces, sizes, strict=True)], -1)
 
     def reduce_scatter_mean(self, full: torch.Tensor) -> torch.Tensor:
-        """This rank's slice of the mean of ``full`` (``(n,)``, a temporary: it may be
-        overwritten) over the group.
-
-        NCCL reduce-scatters; gloo has no reduce-scatter, so it allreduces in place and slices
-        (same result, P× the received bytes).
-        """
+        """This rank's slice of the mean of ``full`` (``(n,)``) over the group: one
+        reduce-scatter of ``P`` padded pieces (NCCL and gloo alike), so a rank receives only
+        its ``n/P`` coordinates' partial sums, not the whole sum as an allreduce would."""
         if self.world == 1:
             return full
-        if dist.get_backend(self.group) == "nccl":
-            padded = torch.nn.functional.pad(full, (0, self.padded * self.world - self.n))
-            out = torch.empty(self.padded, dtype=full.dtype, device=full.device)
-            dist.reduce_scatter_tensor(out, padded.contiguous(), group=self.group)
-            return out[: self.size].div_(self.world)
-        dist.all_reduce(full, group=self.group)
-        return self.local(full).div_(self.world)
+        padded = self.padded * self.world
+        if full.numel() != padded:
+            full = torch.nn.functional.pad(full, (0, padded - full.numel()))
+        out = torch.empty(self.padded, dtype=full.dtype, device=full.device)
+        dist.reduce_scatter_single(out, full.contiguous(), group=self.group)
+        return out[: self.size].div_(self.world)
 
 
 def flatten(tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
