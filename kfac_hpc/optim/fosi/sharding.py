@@ -84,12 +84,21 @@ class CoordinateShard:
         its ``n/P`` coordinates' partial sums, not the whole sum as an allreduce would."""
         if self.world == 1:
             return full
-        padded = self.padded * self.world
-        if full.numel() != padded:
-            full = torch.nn.functional.pad(full, (0, padded - full.numel()))
         out = torch.empty(self.padded, dtype=full.dtype, device=full.device)
-        dist.reduce_scatter_single(out, full.contiguous(), group=self.group)
+        dist.reduce_scatter_single(out, self._pieces(full), group=self.group)
         return out[: self.size].div_(self.world)
+
+    def _pieces(self, full: torch.Tensor) -> torch.Tensor:
+        """``full`` (``(n,)``) as ``P`` pieces of ``padded`` elements, rank ``r``'s slice first
+        in piece ``r``: the first ``n mod P`` slices fill their piece, the others get one zero."""
+        base, extra = divmod(self.n, self.world)
+        if extra == 0:
+            return full.contiguous()
+        pieces = full.new_zeros(self.world, self.padded)
+        head = extra * self.padded
+        pieces.view(-1)[:head] = full[:head]
+        pieces[extra:, :base] = full[head:].view(self.world - extra, base)
+        return pieces.view(-1)
 
 
 def flatten(tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
