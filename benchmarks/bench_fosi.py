@@ -24,6 +24,9 @@ ranks (``mpiexec``), one job after the other, each running the same workload:
   ``all_gather`` call is wrapped: the bytes of the tensors handed to it, and its wall seconds.
   The ranks meet at a barrier (not recorded) before each step's collectives, so that their
   seconds are communication, not one rank waiting for another's backward pass.
+  Allreduces under 4 KiB (the job's flags, FOSI's k + l coefficients) are listed apart
+  (``small_all_reduce``): their seconds are latency and waiting for the slowest rank; "without
+  small" is the seconds of the gradient and parameter collectives alone.
   Bytes each rank sends follow the ring algorithms (allreduce 2(P - 1)/P of its buffer,
   reduce-scatter and all-gather (P - 1)/P of the full vector).
 
@@ -60,6 +63,10 @@ COMM_LABELS = {"allreduce": "job allreduce + FOSI all-gather", "reduce_scatter":
 # (kind, torch.distributed function, index of the argument whose tensors are the payload)
 COLLECTIVES = (("all_reduce", "all_reduce", 0), ("reduce_scatter", "reduce_scatter_single", 1),
                ("all_gather", "all_gather", 0))  # fmt: skip
+# Allreduces under this many bytes (the job's flags, FOSI's k + l coefficients) are counted
+# apart as "small": their seconds are mostly latency and waiting for the slowest rank.
+SMALL_BYTES = 4096
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "small_all_reduce")
 
 
 def ring_bytes(kind: str, payload: int, world: int) -> float:
@@ -173,7 +180,9 @@ def _record_collectives(log: list[tuple[str, int, float]]) -> Any:
             payload = sum(t.numel() * t.element_size() for t in tensors)
             started = time.perf_counter()
             result = _fn(*args, **kw)
-            log.append((_kind, payload, time.perf_counter() - started))
+            seconds = time.perf_counter() - started
+            small = _kind == "all_reduce" and payload < SMALL_BYTES
+            log.append(("small_" + _kind if small else _kind, payload, seconds))
             return result
 
         setattr(dist, attr, call)
@@ -215,11 +224,14 @@ def measure_comm(rank: int, world: int) -> list[dict[str, Any]]:
                 opt.step()
                 if step:
                     steps.append(list(log))
-            kinds = [kind for kind, _, _ in COLLECTIVES]
+            kinds = KINDS
             entry[path] = {
                 "bytes": {k: sum(b for c, b, _ in steps[0] if c == k) for k in kinds},
                 "calls": {k: sum(1 for c, _, _ in steps[0] if c == k) for k in kinds},
                 "seconds": statistics.median(sum(t for _, _, t in st) for st in steps),
+                "seconds_vectors": statistics.median(
+                    sum(t for c, _, t in st if not c.startswith("small")) for st in steps
+                ),
                 "seconds_by_kind": {
                     k: statistics.median(sum(t for c, _, t in st if c == k) for st in steps)
                     for k in kinds
@@ -290,7 +302,9 @@ def summarise_comm(ranks: list[dict[str, Any]], path: str, world: int) -> dict[s
     def seconds(kind: str | None) -> dict[str, float]:
         def of(r: dict[str, Any], i: int) -> float:
             entry = r["comm"][i][path]
-            return float(entry["seconds"] if kind is None else entry["seconds_by_kind"][kind])
+            if kind in (None, "vectors"):
+                return float(entry["seconds" if kind is None else "seconds_vectors"])
+            return float(entry["seconds_by_kind"][kind])
 
         return _stats([max(of(r, i) for r in ranks) for i in rounds])
 
@@ -299,6 +313,7 @@ def summarise_comm(ranks: list[dict[str, Any]], path: str, world: int) -> dict[s
         "calls": first["calls"],
         "sent_bytes_per_rank": {k: ring_bytes(k, b, world) for k, b in first["bytes"].items()},
         "seconds": seconds(None),
+        "seconds_vectors": seconds("vectors"),
         "seconds_by_kind": {kind: seconds(kind) for kind in first["bytes"]},
     }
 
@@ -341,18 +356,19 @@ def report_comm(jobs: list[dict[str, Any]]) -> None:
           "rounds): MB each rank sends (ring model, from the tensors handed to each "
           "collective; payload MB in brackets), seconds in the collectives, slowest rank, "
           "median (min..max), vs the allreduce path")  # fmt: skip
-    kinds = [kind for kind, _, _ in COLLECTIVES]
-    print(f"{'P':>2} {'path':<34}" + "".join(f"{k:>22}" for k in kinds) + f"{'total MB':>10}"
+    kinds = KINDS
+    print(f"{'P':>2} {'path':<34}" + "".join(f"{k:>24}" for k in kinds) + f"{'total MB':>10}"
           f"{'comm s':>28}")  # fmt: skip
     for job in jobs:
         base = job["comm"]["allreduce"]["seconds"]["median"]
         for path, label in COMM_LABELS.items():
             c = job["comm"][path]
             sent, payload, sec = c["sent_bytes_per_rank"], c["payload_bytes"], c["seconds"]
-            cells = "".join(f"{sent[k] / MB:>11.2f} ({payload[k] / MB:>7.2f})" for k in kinds)
+            cells = "".join(f"{sent[k] / MB:>11.3f} ({payload[k] / MB:>7.3f})" for k in kinds)
             print(f"{job['world_size']:>2} {label:<34}{cells}{sum(sent.values()) / MB:>10.2f}"
                   f"  {sec['median']:.4f} ({sec['min']:.4f}..{sec['max']:.4f})"
-                  f" {sec['median'] / base:.2f}x  ("
+                  f" {sec['median'] / base:.2f}x; without small"
+                  f" {c['seconds_vectors']['median']:.4f} ("
                   + ", ".join(f"{k} {c['seconds_by_kind'][k]['median']:.4f}" for k in kinds)
                   + ")")  # fmt: skip
 
