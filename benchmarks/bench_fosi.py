@@ -20,8 +20,9 @@ ranks (``mpiexec``), one job after the other, each running the same workload:
   ``GradientAllreduce``) and FOSI's step with V installed (k = 10, no ESE), both ways the
   gradients can reach FOSI: the job allreduces them and FOSI takes its slice (what the job did
   before), or the job sums only its flags and FOSI reduce-scatters (what it does now); both end
-  with FOSI's all-gather of the parameters. Every ``all_reduce``, ``reduce_scatter_single`` and
-  ``all_gather`` call is wrapped: the bytes of the tensors handed to it, and its wall seconds.
+  with FOSI's all-gather of the parameters. Every ``all_reduce``, ``reduce_scatter_single``,
+  ``all_to_all_single`` (FOSI's reduce-scatter on gloo) and ``all_gather`` call is wrapped:
+  the bytes of the tensors handed to it, and its wall seconds.
   The ranks meet at a barrier (not recorded) before each step's collectives, so that their
   seconds are communication, not one rank waiting for another's backward pass.
   Allreduces under 4 KiB (the job's flags, FOSI's k + l coefficients) are listed apart
@@ -61,7 +62,9 @@ COMM_PATHS = {"allreduce": (True, False), "reduce_scatter": (False, True)}
 COMM_LABELS = {"allreduce": "job allreduce + FOSI all-gather", "reduce_scatter":
                "FOSI reduce-scatter + all-gather"}  # fmt: skip
 # (kind, torch.distributed function, index of the argument whose tensors are the payload)
+# (FOSI's reduce-scatter is an all-to-all of the pieces on gloo, reduce_scatter_single on NCCL.)
 COLLECTIVES = (("all_reduce", "all_reduce", 0), ("reduce_scatter", "reduce_scatter_single", 1),
+               ("reduce_scatter", "all_to_all_single", 1),
                ("all_gather", "all_gather", 0))  # fmt: skip
 # Allreduces under this many bytes (the job's flags, FOSI's k + l coefficients) are counted
 # apart as "small": their seconds are mostly latency and waiting for the slowest rank.
@@ -166,9 +169,9 @@ def measure(rank: int) -> dict[str, Any]:
 
 
 def _record_collectives(log: list[tuple[str, int, float]]) -> Any:
-    """Wrap ``all_reduce``, ``reduce_scatter_single`` and ``all_gather`` of torch.distributed:
-    each call appends (kind, payload bytes of the tensors handed to it, wall seconds) to
-    ``log``. Returns the function that unwraps them."""
+    """Wrap the COLLECTIVES of torch.distributed: each call appends (kind, payload bytes of
+    the tensors handed to it, wall seconds) to ``log``. Returns the function that unwraps
+    them."""
     import torch.distributed as dist
 
     originals = {}

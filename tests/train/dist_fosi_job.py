@@ -4,10 +4,10 @@ single-process FOSI reference, on a tiny float64 problem.
 ``MODE=job`` (under ``mpiexec -n P``): the job's :class:`~kfac_hpc.train.step.TrainStep` with
 the registered ``fosi`` method, built from a ``TrainConfig`` as the job builds them, runs
 ``STEPS`` steps of a float64 MLP of 53 parameters (divisible by neither 2 nor 3) on this rank's
-shard of each global batch. Every call of ``all_reduce``, ``reduce_scatter_single`` and
-``all_gather`` during the steps is recorded (the number of elements it was handed), with the
-parameters after every step, each rank's ``.grad`` after the step, the summed flags and the
-phase seconds.
+shard of each global batch. Every call of ``all_reduce``, ``reduce_scatter_single``,
+``all_to_all_single`` (FOSI's reduce-scatter on gloo) and ``all_gather`` during the steps is
+recorded (the number of elements it was handed), with the parameters after every step, each
+rank's ``.grad`` after the step, the summed flags and the phase seconds.
 
 ``MODE=reference`` (plain python, no process group): ``kfac_hpc.FOSI`` around the same base
 optimizer, single process, on the whole global batch of every step.
@@ -91,6 +91,8 @@ def recording(calls: list[tuple[str, int]]) -> None:
     dist.all_reduce = wrap("all_reduce", dist.all_reduce, 0)  # type: ignore[assignment]
     dist.reduce_scatter_single = wrap("reduce_scatter", dist.reduce_scatter_single, 1)  # type: ignore[assignment]
     dist.all_gather = wrap("all_gather", dist.all_gather, 0)  # type: ignore[assignment]
+    # gloo's reduce-scatter of FOSI: an all-to-all of the pieces (kfac_hpc/optim/fosi/sharding.py)
+    dist.all_to_all_single = wrap("reduce_scatter", dist.all_to_all_single, 1)  # type: ignore[assignment]
 
 
 def job(world: int, rank: int) -> dict[str, Any]:

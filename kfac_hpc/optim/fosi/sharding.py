@@ -79,13 +79,23 @@ class CoordinateShard:
         return torch.cat([p[..., : b - a] for p, (a, b) in zip(pieces, sizes, strict=True)], -1)
 
     def reduce_scatter_mean(self, full: torch.Tensor) -> torch.Tensor:
-        """This rank's slice of the mean of ``full`` (``(n,)``) over the group: one
-        reduce-scatter of ``P`` padded pieces (NCCL and gloo alike), so a rank receives only
-        its ``n/P`` coordinates' partial sums, not the whole sum as an allreduce would."""
+        """This rank's slice of the mean of ``full`` (``(n,)``) over the group: a rank sends
+        every other rank that rank's piece and receives only its own coordinates, ``(P-1)/P``
+        of ``n`` each way, not the whole sum as an allreduce would.
+
+        NCCL reduce-scatters. torch's gloo reduce-scatter is an allreduce of a copy, so on
+        gloo it is an all-to-all of the ``P`` pieces, summed here in rank order.
+        """
         if self.world == 1:
             return full
-        out = torch.empty(self.padded, dtype=full.dtype, device=full.device)
-        dist.reduce_scatter_single(out, self._pieces(full), group=self.group)
+        pieces = self._pieces(full)
+        if dist.get_backend(self.group) == "gloo":
+            received = torch.empty_like(pieces)
+            dist.all_to_all_single(received, pieces, group=self.group)
+            out = received.view(self.world, self.padded).sum(0)
+        else:
+            out = torch.empty(self.padded, dtype=full.dtype, device=full.device)
+            dist.reduce_scatter_single(out, pieces, group=self.group)
         return out[: self.size].div_(self.world)
 
     def _pieces(self, full: torch.Tensor) -> torch.Tensor:
