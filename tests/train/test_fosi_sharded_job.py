@@ -83,9 +83,10 @@ def test_job_step_equals_single_process_fosi_without_a_gradient_allreduce(
         assert max(allreduced) < N, f"rank {rank}: an allreduce of {max(allreduced)} numbers"
         scattered = [n for name, n in calls if name == "reduce_scatter"]
         gathered = [n for name, n in calls if name == "all_gather"]
-        # one gradient reduce-scatter and one parameter all-gather per step, plus one of each
-        # per Lanczos step of the two ESEs (12 HVPs each)
-        assert scattered == [padded] * (7 + 2 * 12), rank
+        # one gradient reduce-scatter (on gloo an all-to-all of the n coordinates) and one
+        # parameter all-gather (P padded pieces) per step, plus one of each per Lanczos step of
+        # the two ESEs (12 HVPs each)
+        assert scattered == [N] * (7 + 2 * 12), rank
         assert gathered.count(padded) == 7 + 2 * 12, rank
         phases = got["phases"]
         assert phases["grad_allreduce"] > 0 and phases["param_allgather"] > 0

@@ -84,18 +84,20 @@ class CoordinateShard:
         of ``n`` each way, not the whole sum as an allreduce would.
 
         NCCL reduce-scatters. torch's gloo reduce-scatter is an allreduce of a copy, so on
-        gloo it is an all-to-all of the ``P`` pieces, summed here in rank order.
+        gloo it is an all-to-all of the ``P`` slices (uneven, no padding), summed here in rank
+        order.
         """
         if self.world == 1:
             return full
-        pieces = self._pieces(full)
         if dist.get_backend(self.group) == "gloo":
-            received = torch.empty_like(pieces)
-            dist.all_to_all_single(received, pieces, group=self.group)
-            out = received.view(self.world, self.padded).sum(0)
-        else:
-            out = torch.empty(self.padded, dtype=full.dtype, device=full.device)
-            dist.reduce_scatter_single(out, pieces, group=self.group)
+            sizes = [b - a for a, b in (shard_bounds(self.n, self.world, r)
+                                        for r in range(self.world))]  # fmt: skip
+            received = full.new_empty(self.world * self.size)
+            dist.all_to_all_single(received, full.contiguous(), [self.size] * self.world, sizes,
+                                   group=self.group)  # fmt: skip
+            return received.view(self.world, self.size).sum(0).div_(self.world)
+        out = torch.empty(self.padded, dtype=full.dtype, device=full.device)
+        dist.reduce_scatter_single(out, self._pieces(full), group=self.group)
         return out[: self.size].div_(self.world)
 
     def _pieces(self, full: torch.Tensor) -> torch.Tensor:
