@@ -16,8 +16,24 @@ ranks (``mpiexec``), one job after the other, each running the same workload:
   without ESE, and so the ESE's share of step time at ``ese_every = 100``; and the seconds of
   one HVP by each autodiff route (median of ROUNDS products).
 
+* in-job communication, at P = 2 and 4: per step, the job's gradient sync (its own
+  ``GradientAllreduce``) and FOSI's step with V installed (k = 10, no ESE), both ways the
+  gradients can reach FOSI: the job allreduces them and FOSI takes its slice (what the job did
+  before), or the job sums only its flags and FOSI reduce-scatters (what it does now); both end
+  with FOSI's all-gather of the parameters. Every ``all_reduce``, ``reduce_scatter_single``,
+  ``all_to_all_single`` (FOSI's reduce-scatter on gloo) and ``all_gather`` call is wrapped:
+  the bytes of the tensors handed to it, and its wall seconds.
+  The ranks meet at a barrier (not recorded) before each step's collectives, so that their
+  seconds are communication, not one rank waiting for another's backward pass.
+  Allreduces under 4 KiB (the job's flags, FOSI's k + l coefficients) are listed apart
+  (``small_all_reduce``): their seconds are latency and waiting for the slowest rank; "without
+  small" is the seconds of the gradient and parameter collectives alone.
+  Bytes each rank sends follow the ring algorithms (allreduce 2(P - 1)/P of its buffer,
+  reduce-scatter and all-gather (P - 1)/P of the full vector).
+
 Prints median (min, max) over the rounds, max over ranks, the ratios against P = 1, and writes
-benchmarks/results/fosi.json. Target: peak memory at P = 4 <= 0.3x that of P = 1.
+benchmarks/results/fosi.json, with the load average before and after. Target: peak memory at
+P = 4 <= 0.3x that of P = 1.
 Note: this machine may have fewer cores than 4 ranks; times at P = 4 then share cores.
 """
 
@@ -38,6 +54,28 @@ WORLD_SIZES = (1, 2, 4)
 ROUNDS = 3
 ESE_EVERY = 100
 MIB = 1024 * 1024
+MB = 1e6
+COMM_STEPS = 6  # timed steps per path and round
+# How the gradients reach FOSI: (the job allreduces them, FOSI averages them itself). Before,
+# the job allreduced and FOSI took its slice; now FOSI reduce-scatters (the job sums flags only).
+COMM_PATHS = {"allreduce": (True, False), "reduce_scatter": (False, True)}
+COMM_LABELS = {"allreduce": "job allreduce + FOSI all-gather", "reduce_scatter":
+               "FOSI reduce-scatter + all-gather"}  # fmt: skip
+# (kind, torch.distributed function, index of the argument whose tensors are the payload)
+# (FOSI's reduce-scatter is an all-to-all of the pieces on gloo, reduce_scatter_single on NCCL.)
+COLLECTIVES = (("all_reduce", "all_reduce", 0), ("reduce_scatter", "reduce_scatter_single", 1),
+               ("reduce_scatter", "all_to_all_single", 1),
+               ("all_gather", "all_gather", 0))  # fmt: skip
+# Allreduces under this many bytes (the job's flags, FOSI's k + l coefficients) are counted
+# apart as "small": their seconds are mostly latency and waiting for the slowest rank.
+SMALL_BYTES = 4096
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "small_all_reduce")
+
+
+def ring_bytes(kind: str, payload: int, world: int) -> float:
+    """Bytes one rank sends for a collective of ``payload`` bytes (the allreduce's buffer, the
+    reduce-scatter's input, the all-gather's output) by ring algorithms over ``world`` ranks."""
+    return payload * (world - 1) / world * (2 if kind == "all_reduce" else 1)
 
 
 def _status_kib(field: str) -> int:
@@ -51,13 +89,10 @@ def _reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def measure(rank: int) -> dict[str, Any]:
-    """ROUNDS rounds of FOSI's peak memory (bytes), ESE seconds and step seconds."""
+def workload(rank: int) -> tuple[Any, Any, Any]:
+    """(the MLP, ``data(size)`` of this rank, ``backward()`` of a training micro-batch)."""
     import torch
     from torch import nn
-
-    from kfac_hpc.optim.fosi import FOSI
-    from kfac_hpc.optim.fosi.hvp import HessianVectorProduct
 
     torch.manual_seed(0)
     model = nn.Sequential(
@@ -73,6 +108,19 @@ def measure(rank: int) -> dict[str, Any]:
         model.zero_grad(set_to_none=False)
         nn.functional.cross_entropy(model(x), y).backward()
 
+    return model, data, backward
+
+
+def measure(rank: int) -> dict[str, Any]:
+    """ROUNDS rounds of FOSI's peak memory (bytes), ESE seconds and step seconds."""
+    import torch
+    from torch import nn
+
+    from kfac_hpc.optim.fosi import FOSI
+    from kfac_hpc.optim.fosi.hvp import HessianVectorProduct
+
+    model, data, backward = workload(rank)
+    gen = torch.Generator().manual_seed(rank)
     backward()  # gradients exist before the baseline
     rounds: list[dict[str, Any]] = []
     for _ in range(ROUNDS):
@@ -120,6 +168,84 @@ def measure(rank: int) -> dict[str, Any]:
             "rounds": rounds, "hvp_s": hvp_s}  # fmt: skip
 
 
+def _record_collectives(log: list[tuple[str, int, float]]) -> Any:
+    """Wrap the COLLECTIVES of torch.distributed: each call appends (kind, payload bytes of
+    the tensors handed to it, wall seconds) to ``log``. Returns the function that unwraps
+    them."""
+    import torch.distributed as dist
+
+    originals = {}
+    for kind, attr, arg in COLLECTIVES:
+        fn = originals[attr] = getattr(dist, attr)
+
+        def call(*args: Any, _fn: Any = fn, _kind: str = kind, _arg: int = arg, **kw: Any) -> Any:
+            tensors = args[_arg] if isinstance(args[_arg], list) else [args[_arg]]
+            payload = sum(t.numel() * t.element_size() for t in tensors)
+            started = time.perf_counter()
+            result = _fn(*args, **kw)
+            seconds = time.perf_counter() - started
+            small = _kind == "all_reduce" and payload < SMALL_BYTES
+            log.append(("small_" + _kind if small else _kind, payload, seconds))
+            return result
+
+        setattr(dist, attr, call)
+    return lambda: [setattr(dist, attr, fn) for attr, fn in originals.items()]
+
+
+def measure_comm(rank: int, world: int) -> list[dict[str, Any]]:
+    """Per round and path (COMM_PATHS), the collectives of COMM_STEPS steps of the job's
+    gradient sync (its own ``GradientAllreduce``) and FOSI's step, with V installed (k = 10):
+    payload bytes per kind and step, and the median over steps of their seconds."""
+    import torch
+    import torch.distributed as dist
+
+    from kfac_hpc.optim.fosi import FOSI
+    from kfac_hpc.train.grad_sync import GradientAllreduce
+
+    model, _, backward = workload(rank)
+    n = sum(p.numel() for p in model.parameters())
+    gen = torch.Generator().manual_seed(7)
+    vectors = torch.linalg.qr(torch.randn(n, 10, generator=gen)).Q.T.contiguous()
+    values = torch.linspace(10.0, 1.0, 10, dtype=torch.float64)
+    sync = GradientAllreduce(model, world)
+    log: list[tuple[str, int, float]] = []
+    unwrap = _record_collectives(log)
+    rounds = []
+    for _ in range(ROUNDS):
+        entry = {}
+        for path, (job_allreduces, fosi_reduces) in COMM_PATHS.items():
+            base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            opt = FOSI(model.parameters(), base, k=10, warmup=10**6, model=model,
+                       average_gradients=fosi_reduces)  # fmt: skip
+            opt.set_spectrum(values, vectors)
+            steps = []
+            for step in range(COMM_STEPS + 1):  # the first is not timed
+                backward()
+                dist.barrier()  # not recorded: the ranks' skew is not communication
+                log.clear()
+                sync([0.0, 0.0], gradients=job_allreduces)
+                opt.step()
+                if step:
+                    steps.append(list(log))
+            kinds = KINDS
+            entry[path] = {
+                "bytes": {k: sum(b for c, b, _ in steps[0] if c == k) for k in kinds},
+                "calls": {k: sum(1 for c, _, _ in steps[0] if c == k) for k in kinds},
+                "seconds": statistics.median(sum(t for _, _, t in st) for st in steps),
+                "seconds_vectors": statistics.median(
+                    sum(t for c, _, t in st if not c.startswith("small")) for st in steps
+                ),
+                "seconds_by_kind": {
+                    k: statistics.median(sum(t for c, _, t in st if c == k) for st in steps)
+                    for k in kinds
+                },
+            }
+            del opt, base
+        rounds.append(entry)
+    unwrap()
+    return rounds
+
+
 def worker(out: Path) -> None:
     import torch
     import torch.distributed as dist
@@ -129,6 +255,8 @@ def worker(out: Path) -> None:
     ctx = init_distributed(backend="gloo", timeout_s=600)
     torch.set_num_threads(1)
     mine = measure(ctx.rank)
+    if ctx.world_size > 1:
+        mine["comm"] = measure_comm(ctx.rank, ctx.world_size)
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     if ctx.rank == 0:
@@ -150,7 +278,7 @@ def summarise(job: dict[str, Any]) -> dict[str, Any]:
     share = [e / (e + ESE_EVERY * s) for e, s in zip(ese, step, strict=True)]
     usage = {key: max(r["rounds"][-1]["memory_usage"][key] for r in ranks)
              for key in ranks[0]["rounds"][-1]["memory_usage"]}  # fmt: skip
-    return {
+    summary = {
         "world_size": job["world_size"],
         "parameters": ranks[0]["parameters"],
         "peak_bytes_max_rank": _stats(peak),
@@ -161,6 +289,35 @@ def summarise(job: dict[str, Any]) -> dict[str, Any]:
         "hvp_s_max_rank": {
             mode: max(r["hvp_s"][mode] for r in ranks) for mode in ranks[0]["hvp_s"]
         },
+    }
+    if "comm" in ranks[0]:
+        summary["comm"] = {path: summarise_comm(ranks, path, job["world_size"])
+                           for path in COMM_PATHS}  # fmt: skip
+    return summary
+
+
+def summarise_comm(ranks: list[dict[str, Any]], path: str, world: int) -> dict[str, Any]:
+    """One path's bytes per step (rank 0's; every rank hands the same sizes), the bytes each
+    rank sends by the ring model, and its seconds: per round the slowest rank, over rounds."""
+    first = ranks[0]["comm"][0][path]
+    rounds = range(len(ranks[0]["comm"]))
+
+    def seconds(kind: str | None) -> dict[str, float]:
+        def of(r: dict[str, Any], i: int) -> float:
+            entry = r["comm"][i][path]
+            if kind in (None, "vectors"):
+                return float(entry["seconds" if kind is None else "seconds_vectors"])
+            return float(entry["seconds_by_kind"][kind])
+
+        return _stats([max(of(r, i) for r in ranks) for i in rounds])
+
+    return {
+        "payload_bytes": first["bytes"],
+        "calls": first["calls"],
+        "sent_bytes_per_rank": {k: ring_bytes(k, b, world) for k, b in first["bytes"].items()},
+        "seconds": seconds(None),
+        "seconds_vectors": seconds("vectors"),
+        "seconds_by_kind": {kind: seconds(kind) for kind in first["bytes"]},
     }
 
 
@@ -188,12 +345,35 @@ def report(jobs: list[dict[str, Any]]) -> None:
         hvp = job["hvp_s_max_rank"]
         print(f"P = {job['world_size']}: one HVP (curvature micro-batch 64, slowest rank): "
               + ", ".join(f"{mode} {sec * 1e3:.0f} ms" for mode, sec in hvp.items()))  # fmt: skip
+    report_comm([job for job in jobs if "comm" in job])
     last = jobs[-1]
     ratio = last["peak_bytes_max_rank"]["median"] / one["peak_bytes_max_rank"]["median"]
     verdict = "met" if ratio <= 0.3 else "MISSED"
     print(
         f"peak memory at P = {last['world_size']}: {ratio:.3f}x of P = 1 (target <= 0.3): {verdict}"
     )
+
+
+def report_comm(jobs: list[dict[str, Any]]) -> None:
+    print(f"in-job communication per step (k = 10, no ESE; {COMM_STEPS} steps x {ROUNDS} "
+          "rounds): MB each rank sends (ring model, from the tensors handed to each "
+          "collective; payload MB in brackets), seconds in the collectives, slowest rank, "
+          "median (min..max), vs the allreduce path")  # fmt: skip
+    kinds = KINDS
+    print(f"{'P':>2} {'path':<34}" + "".join(f"{k:>24}" for k in kinds) + f"{'total MB':>10}"
+          f"{'comm s':>28}")  # fmt: skip
+    for job in jobs:
+        base = job["comm"]["allreduce"]["seconds"]["median"]
+        for path, label in COMM_LABELS.items():
+            c = job["comm"][path]
+            sent, payload, sec = c["sent_bytes_per_rank"], c["payload_bytes"], c["seconds"]
+            cells = "".join(f"{sent[k] / MB:>11.3f} ({payload[k] / MB:>7.3f})" for k in kinds)
+            print(f"{job['world_size']:>2} {label:<34}{cells}{sum(sent.values()) / MB:>10.2f}"
+                  f"  {sec['median']:.4f} ({sec['min']:.4f}..{sec['max']:.4f})"
+                  f" {sec['median'] / base:.2f}x; without small"
+                  f" {c['seconds_vectors']['median']:.4f} ("
+                  + ", ".join(f"{k} {c['seconds_by_kind'][k]['median']:.4f}" for k in kinds)
+                  + ")")  # fmt: skip
 
 
 def main() -> None:
@@ -211,6 +391,7 @@ def main() -> None:
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     start = time.perf_counter()
+    load_before = os.getloadavg()
     jobs = []
     for world in WORLD_SIZES:
         raw = results / f"fosi.p{world}.json"
@@ -218,10 +399,13 @@ def main() -> None:
         subprocess.run(cmd, env=env, check=True, timeout=900, cwd=root.parent)
         jobs.append(summarise(json.loads(raw.read_text())))
         raw.unlink()
+    load = {"before": load_before, "after": os.getloadavg()}
     summary = {"command": "python benchmarks/bench_fosi.py", "jobs": jobs,
-               "wall_s": time.perf_counter() - start}  # fmt: skip
+               "wall_s": time.perf_counter() - start, "load_average": load}  # fmt: skip
     (results / "fosi.json").write_text(json.dumps(summary, indent=2) + "\n")
     report(jobs)
+    print("load average (1, 5, 15 min) before: {:.2f} {:.2f} {:.2f}, after: {:.2f} {:.2f} {:.2f}"
+          .format(*load["before"], *load["after"]))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -23,8 +23,16 @@ PHASES: tuple[str, ...] = (
 # The phases the K-FAC preconditioner measures in `last_timings`.
 KFAC_PHASES: tuple[str, ...] = PHASES[3:9]
 # Phases that are communication; their share of a step is the communication fraction.
-COMM_PHASES: tuple[str, ...] = ("factor_comm", "inverse_comm", "grad_broadcast", "grad_allreduce")
-# FOSI's own phase: the extreme-spectrum estimation (Lanczos on Hessian-vector products).
-FOSI_PHASES: tuple[str, ...] = ("ese",)
+# ("grad_allreduce" is the gradient's reduction, whatever the collective: FOSI reduce-scatters.)
+COMM_PHASES: tuple[str, ...] = (
+    "factor_comm",
+    "inverse_comm",
+    "grad_broadcast",
+    "grad_allreduce",
+    "param_allgather",
+)
+# FOSI's own phases: the extreme-spectrum estimation (Lanczos on Hessian-vector products), and
+# the all-gather of the parameter slices every rank updated (ZeRO-1).
+FOSI_PHASES: tuple[str, ...] = ("ese", "param_allgather")
 # The phases the collector and report show: the contract's and the methods' own.
 REPORTED_PHASES: tuple[str, ...] = PHASES + FOSI_PHASES

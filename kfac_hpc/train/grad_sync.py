@@ -2,7 +2,8 @@
 
 All gradients are flattened into one buffer with a few extra float slots for flags that every
 rank must agree on (time limit reached, checkpoint due by the clock); one allreduce sums the
-lot, so agreeing on a clock-driven decision costs no extra collective.
+lot, so agreeing on a clock-driven decision costs no extra collective. For a method that
+reduces the gradients itself (FOSI: a reduce-scatter), only the flags are summed.
 """
 
 from __future__ import annotations
@@ -21,21 +22,23 @@ class GradientAllreduce:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.world_size = world_size
 
-    def __call__(self, flags: list[float], counted: tuple[bool, int] | None = None) -> list[float]:
-        """Average gradients in place; return the flags summed over ranks. ``counted``: (this
-        rank's gradient counts, how many ranks' do) when not every rank's gradient is averaged."""
+    def __call__(self, flags: list[float], gradients: bool = True) -> list[float]:
+        """Average gradients in place (``gradients=False``: leave each rank's own, the method
+        reduces them); return the flags summed over ranks."""
         if self.world_size == 1:
             return flags
-        mine, divisor = counted if counted is not None else (True, self.world_size)
+        device = self.params[0].device
+        if not gradients:
+            summed = torch.tensor(flags, dtype=torch.float64, device=device)
+            if flags:
+                dist.all_reduce(summed)
+            return summed.tolist()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        if not mine:
-            grads = [torch.zeros_like(g) for g in grads]
-        device = grads[0].device
         extra = torch.tensor(flags, dtype=grads[0].dtype, device=device)
         flat = torch.cat([g.reshape(-1) for g in grads] + [extra])
         dist.all_reduce(flat)
         summed_flags = flat[-len(flags) :].tolist() if flags else []
-        flat.div_(divisor)
+        flat.div_(self.world_size)
         offset = 0
         for p, g in zip(self.params, grads, strict=True):
             n = g.numel()

@@ -2,7 +2,8 @@
 
 A step: data -> forward -> backward -> gradient allreduce -> learning rate -> the method's
 update. Decisions every rank must share (stop for the time limit, checkpoint by the clock)
-ride on the gradient allreduce as flags.
+ride on the gradient allreduce as flags. A method that reduces the gradients itself
+(``reduces_gradients``) gets each rank's own; only the flags are summed then.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class TrainStep:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         timer.lap("backward")
-        flags = self.grad_sync(flags, self.method.gradient_ranks)
+        flags = self.grad_sync(flags, gradients=not self.method.reduces_gradients)
         timer.lap("grad_allreduce")
         for group in optimizer.param_groups:
             group["lr"] = lr

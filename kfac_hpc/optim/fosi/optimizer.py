@@ -32,6 +32,12 @@ from kfac_hpc.optim.fosi.sharding import CoordinateShard, flatten
 __all__ = ["FOSI"]
 
 Closure = Callable[[], torch.Tensor]
+
+
+def _no_lap(phase: str) -> None:
+    """The default ``lap`` of :meth:`FOSI.step`: nobody times the step's parts."""
+
+
 STATE_FORMAT = "fosi-full-v1"
 
 
@@ -139,9 +145,16 @@ class FOSI(torch.optim.Optimizer):
         return self.step_count >= o.warmup and (self.step_count - o.warmup) % o.ese_every == 0
 
     @torch.no_grad()
-    def step(self, closure: Closure | None = None) -> torch.Tensor | None:  # type: ignore[override]
+    def step(  # type: ignore[override]
+        self, closure: Closure | None = None, *, lap: Callable[[str], None] | None = None
+    ) -> torch.Tensor | None:
         """One update from the parameters' ``.grad``; ``closure()`` (the curvature batch's
-        loss, with graph) is called only when an ESE is due. Returns the closure's last loss."""
+        loss, with graph) is called only when an ESE is due. Returns the closure's last loss.
+
+        ``lap(phase)`` (a phase timer's lap) is called as each part of the step ends:
+        ``grad_allreduce`` (the gradient reduce-scatter), ``ese`` (on a rank that ran one),
+        ``optimizer`` (the update of this rank's slice), ``param_allgather``."""
+        lap = lap or _no_lap
         due = self._ese_due()
         runs_ese = self.pipeline is None or self.is_curvature_rank
         if due and runs_ese and closure is None:
@@ -159,6 +172,7 @@ class FOSI(torch.optim.Optimizer):
                 self._write_params(self.pipeline.receive_snapshot(flat))
                 spectrum, loss = self._estimate(closure, seed)
                 self.pipeline.send(spectrum, self.params[0].dtype)
+                lap("ese")
             self.step_count += 1
             return loss
         grads = flatten([torch.zeros_like(p) if p.grad is None else p.grad for p in self.params])
@@ -166,19 +180,24 @@ class FOSI(torch.optim.Optimizer):
             g = self.shard.reduce_scatter_mean(grads)
         else:
             g = self.shard.local(grads)
+        lap("grad_allreduce")
         if due and self.pipeline is not None:
             self.pipeline.request(self.step_count, flatten(self.params))
         elif due:
             assert closure is not None
             spectrum, loss = self._estimate(closure, seed)
             self._install(spectrum.eigenvalues, spectrum.vectors, self.step_count)
+            lap("ese")
         if self.pipeline is not None and self.pipeline.due(
             self.step_count, self.options.max_staleness
         ):
             snapshot, values, vectors = self.pipeline.take()
             self._install(values, vectors, snapshot)
         theta = self.shard.local(flatten(self.params))
-        self._write_local(self._update(theta, g))
+        new = self._update(theta, g)
+        lap("optimizer")
+        self._write_local(new)
+        lap("param_allgather")
         self.step_count += 1
         return loss
 

@@ -79,21 +79,38 @@ class CoordinateShard:
         return torch.cat([p[..., : b - a] for p, (a, b) in zip(pieces, sizes, strict=True)], -1)
 
     def reduce_scatter_mean(self, full: torch.Tensor) -> torch.Tensor:
-        """This rank's slice of the mean of ``full`` (``(n,)``, a temporary: it may be
-        overwritten) over the group.
+        """This rank's slice of the mean of ``full`` (``(n,)``) over the group: a rank sends
+        every other rank that rank's piece and receives only its own coordinates, ``(P-1)/P``
+        of ``n`` each way, not the whole sum as an allreduce would.
 
-        NCCL reduce-scatters; gloo has no reduce-scatter, so it allreduces in place and slices
-        (same result, P× the received bytes).
+        NCCL reduce-scatters. torch's gloo reduce-scatter is an allreduce of a copy, so on
+        gloo it is an all-to-all of the ``P`` slices (uneven, no padding), summed here in rank
+        order.
         """
         if self.world == 1:
             return full
-        if dist.get_backend(self.group) == "nccl":
-            padded = torch.nn.functional.pad(full, (0, self.padded * self.world - self.n))
-            out = torch.empty(self.padded, dtype=full.dtype, device=full.device)
-            dist.reduce_scatter_tensor(out, padded.contiguous(), group=self.group)
-            return out[: self.size].div_(self.world)
-        dist.all_reduce(full, group=self.group)
-        return self.local(full).div_(self.world)
+        if dist.get_backend(self.group) == "gloo":
+            sizes = [b - a for a, b in (shard_bounds(self.n, self.world, r)
+                                        for r in range(self.world))]  # fmt: skip
+            received = full.new_empty(self.world * self.size)
+            dist.all_to_all_single(received, full.contiguous(), [self.size] * self.world, sizes,
+                                   group=self.group)  # fmt: skip
+            return received.view(self.world, self.size).sum(0).div_(self.world)
+        out = torch.empty(self.padded, dtype=full.dtype, device=full.device)
+        dist.reduce_scatter_single(out, self._pieces(full), group=self.group)
+        return out[: self.size].div_(self.world)
+
+    def _pieces(self, full: torch.Tensor) -> torch.Tensor:
+        """``full`` (``(n,)``) as ``P`` pieces of ``padded`` elements, rank ``r``'s slice first
+        in piece ``r``: the first ``n mod P`` slices fill their piece, the others get one zero."""
+        base, extra = divmod(self.n, self.world)
+        if extra == 0:
+            return full.contiguous()
+        pieces = full.new_zeros(self.world, self.padded)
+        head = extra * self.padded
+        pieces.view(-1)[:head] = full[:head]
+        pieces[extra:, :base] = full[head:].view(self.world - extra, base)
+        return pieces.view(-1)
 
 
 def flatten(tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:

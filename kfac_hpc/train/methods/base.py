@@ -1,11 +1,11 @@
 """The interface the job runs a training method through (docs/train.md, "Writing a method").
 
-A method turns the gradients of a step (already averaged over ranks, in ``.grad``) into a
-parameter update. The job owns everything else: data, forward, backward, the gradient
-allreduce, the learning rate (set on ``method.optimizer`` before every step), evaluation,
-checkpoints, records and preemption. A method declares the timing phases its step charges,
-its own state for the checkpoint (plain trees, :class:`~kfac_hpc.method_state.Checkpointable`)
-and what it adds to ``run.json``.
+A method turns the gradients of a step (already averaged over ranks, in ``.grad``, unless
+the method reduces them itself: ``reduces_gradients``) into a parameter update. The job owns
+everything else: data, forward, backward, the gradient allreduce, the learning rate (set on
+``method.optimizer`` before every step), evaluation, checkpoints, records and preemption. A
+method declares the timing phases its step charges, its own state for the checkpoint (plain
+trees, :class:`~kfac_hpc.method_state.Checkpointable`) and what it adds to ``run.json``.
 """
 
 from __future__ import annotations
@@ -69,10 +69,11 @@ class Method(ABC):
         return self.optimizer
 
     @property
-    def gradient_ranks(self) -> tuple[bool, int] | None:
-        """(this rank's gradient counts, ranks whose gradients are averaged) for a method that
-        leaves some ranks out of the gradient average; None: every rank counts."""
-        return None
+    def reduces_gradients(self) -> bool:
+        """True when ``step`` averages the ranks' gradients itself from each rank's own
+        ``.grad`` (FOSI: a reduce-scatter of the coordinates each rank updates); the job then
+        skips its gradient allreduce and only sums its flags."""
+        return False
 
     def synchronize(self) -> None:
         """Make every rank's model the training model before an evaluation or a checkpoint

@@ -1,11 +1,14 @@
 """FOSI / DHO2 around the job's first-order optimizer (docs/fosi.md).
 
-The job has already averaged the gradients, so FOSI takes them as they are
-(``average_gradients=False``) and keeps its vectors and base state sharded over parameter
-coordinates. Its checkpoint state is the whole state gathered over coordinates
-(``full_state_dict``), so a run saved at P ranks resumes at any P'. With ``curvature_ranks``
-the last ranks compute ESEs only: their gradients are left out of the average, and before an
-evaluation or a checkpoint every rank takes training rank 0's model.
+FOSI reduces the gradients itself (``reduces_gradients``): the job skips its allreduce, each
+rank's local gradient is reduce-scattered so that every rank gets the mean over its own
+coordinates, updates only those (V, velocity and base state live for the slice, ZeRO-1) and
+all-gathers the new parameters. The step's timing phases: ``grad_allreduce`` (the
+reduce-scatter), ``ese``, ``optimizer`` and ``param_allgather``. Its checkpoint state is the
+whole state gathered over coordinates (``full_state_dict``), so a run saved at P ranks resumes
+at any P'. With ``curvature_ranks`` the last ranks compute ESEs only (the gradients are
+reduce-scattered over the training ranks), and before an evaluation or a checkpoint every rank
+takes training rank 0's model.
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ class FOSIState:
 
 
 class FOSIMethod(Method):
-    """``kfac_hpc.FOSI`` with the job's optimizer as its base; phases ``ese`` and ``optimizer``."""
+    """``kfac_hpc.FOSI`` with the job's optimizer as its base; it reduce-scatters the
+    gradients and all-gathers the parameters itself."""
 
     name = "fosi"
     phases = (*FOSI_PHASES, "optimizer")
@@ -72,7 +76,7 @@ class FOSIMethod(Method):
                 setup.model.parameters(),
                 base,
                 model=setup.model,
-                average_gradients=False,  # the job's gradient allreduce did it
+                average_gradients=True,  # its reduce-scatter: the job does not allreduce
                 **setup.config.fosi_options(),
             )
         except ValueError as exc:
@@ -84,12 +88,10 @@ class FOSIMethod(Method):
 
     def step(self, timer: PhaseTimer, curvature_loss: CurvatureLoss) -> None:
         self.fosi.last_ese_s = 0.0
-        self.fosi.step(curvature_loss)
-        ese_s = self.fosi.last_ese_s
-        if ese_s:  # the ESE ran inside the step: move its seconds from "optimizer" to "ese"
-            self.ese_s.append(ese_s)
-            timer.add({"ese": ese_s, "optimizer": -ese_s})
-        timer.lap("optimizer")
+        self.fosi.step(curvature_loss, lap=timer.lap)  # charges each part of the step
+        if self.fosi.last_ese_s:
+            self.ese_s.append(self.fosi.last_ese_s)
+        timer.lap("optimizer")  # what a curvature rank does on a step without an ESE
 
     @property
     def checkpointed_optimizer(self) -> None:
@@ -104,11 +106,8 @@ class FOSIMethod(Method):
         return self._state.strategy
 
     @property
-    def gradient_ranks(self) -> tuple[bool, int] | None:
-        pipeline = self.fosi.pipeline
-        if pipeline is None:
-            return None
-        return (not pipeline.is_curvature, pipeline.trainers)
+    def reduces_gradients(self) -> bool:
+        return True
 
     def synchronize(self) -> None:
         if self.fosi.pipeline is None:
