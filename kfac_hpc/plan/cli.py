@@ -84,7 +84,7 @@ def _plan(**o: Any) -> None:
     calibration = _int_list("calibration_ranks", o["calibration_ranks"])
     if min(calibration) < 2:
         raise PlanInputError("calibration_ranks", "collectives need at least 2 ranks each")
-    planned = build_cost_model(o["model"], o["dataset"], o["profile"], calibration)
+    planned = build_cost_model(o["model"], o["dataset"], o["profile"], calibration, o["batch_size"])
     predictions = predict_all(
         planned,
         methods,
