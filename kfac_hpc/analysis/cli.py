@@ -119,6 +119,18 @@ def collect_command(
     sys.exit(_exit_code(collection))
 
 
+def _predicted_or_exit(collection: Collection) -> tuple[str, list[dict[str, Any]]] | None:
+    """The plan's predictions of SWEEP_DIR (``kfac-hpc plan --explain``) beside the runs."""
+    from kfac_hpc.analysis.predicted import load_predicted, predicted_rows
+
+    try:
+        loaded = load_predicted(collection.source)
+    except ValueError as exc:
+        click.echo(f"error: SWEEP_DIR: {exc}; rerun kfac-hpc plan --explain", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    return None if loaded is None else (loaded.source, predicted_rows(collection, loaded))
+
+
 @click.command("report")
 @_source
 @click.option(
@@ -174,9 +186,13 @@ def report_command(
     if base is not None:
         base_tables = build_tables(base, target_accuracy)
         comparison = compare(tables.scaling, base_tables.scaling, regression_threshold)
+    predicted = _predicted_or_exit(collection)
     out_dir = out or source / "report"
     _write_or_exit(out_dir, lambda: write_tables(tables, out_dir / "tables"))
-    _write_or_exit(out_dir, lambda: write_report(collection, tables, out_dir, comparison, baseline))
+    _write_or_exit(
+        out_dir,
+        lambda: write_report(collection, tables, out_dir, comparison, baseline, predicted),
+    )
     if fmt == "json":  # one document: the scaling table, and the comparison (or null)
         click.echo(json.dumps({"scaling": tables.scaling, "comparison": comparison}, indent=1))
     else:
@@ -184,5 +200,10 @@ def report_command(
         if comparison is not None:
             click.echo("")
             click.echo(render(comparison, COMPARE_COLUMNS, fmt, COMPARE_COLUMNS[1:]))
+        if predicted is not None:
+            from kfac_hpc.analysis import predicted as plan_rows
+
+            click.echo(f"\npredicted ({predicted[0]}) vs measured, seconds per step:")
+            click.echo(render(predicted[1], plan_rows.COLUMNS, fmt, plan_rows.VIEW))
     click.echo(f"{_summary_line(collection)}; report in {out_dir / 'report.md'}", err=True)
     sys.exit(_exit_code(collection))

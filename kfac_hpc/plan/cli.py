@@ -54,6 +54,14 @@ def _positive(field: str, value: float) -> None:
 @click.option("--write-sweep", type=click.Path(dir_okay=False), default=None, help="Sweep TOML.")
 @click.option("--ranks-per-node", type=int, default=1, show_default=True, help="For --write-sweep.")
 @click.option("--steps", type=int, default=100, show_default=True, help="For --write-sweep.")
+@click.option(
+    "--explain",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    metavar="SWEEP_DIR",
+    help="Predict every finished run of SWEEP_DIR (its own settings) into "
+    "SWEEP_DIR/predicted.json, which kfac-hpc report shows beside the measurements.",
+)
 def plan(**options: Any) -> None:
     """Predict step time per phase and memory per rank for each method and K-FAC strategy."""
     try:
@@ -84,6 +92,14 @@ def _plan(**o: Any) -> None:
     calibration = _int_list("calibration_ranks", o["calibration_ranks"])
     if min(calibration) < 2:
         raise PlanInputError("calibration_ranks", "collectives need at least 2 ranks each")
+    if o["explain"] is not None:
+        from kfac_hpc.plan.explain import explain_sweep
+
+        if not o["explain"].is_dir():
+            raise PlanInputError("explain", f"{o['explain']} is not a directory")
+        path, count = explain_sweep(o["explain"], o["profile"], calibration)
+        click.echo(f"predictions of {count} run(s): {path} (kfac-hpc report {o['explain']})")
+        return
     planned = build_cost_model(o["model"], o["dataset"], o["profile"], calibration, o["batch_size"])
     predictions = predict_all(
         planned,
