@@ -106,7 +106,7 @@ def test_profile_host_keys(tmp_path: Path) -> None:
     machine, _ = load_profile(_profile(tmp_path, extra))
     assert (machine.cores_per_node, machine.threads_per_rank) == (16, 4)
     assert machine.step_overhead_s == pytest.approx(0.002)
-    with pytest.raises(PlanInputError, match="machine.threads_per_rank"):
+    with pytest.raises(PlanInputError, match=r"machine\.threads_per_rank"):
         load_profile(_profile(tmp_path, "threads_per_rank = 0"))
-    with pytest.raises(PlanInputError, match="machine.cores_per_node"):
+    with pytest.raises(PlanInputError, match=r"machine\.cores_per_node"):
         load_profile(_profile(tmp_path, "cores_per_node = 2.5"))
