@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from kfac_hpc.plan.errors import PlanInputError
-from kfac_hpc.plan.model import METHODS
+from kfac_hpc.plan.model import ALL_METHODS, METHODS
 
 __all__ = ["plan"]
 
@@ -39,7 +39,11 @@ def _positive(field: str, value: float) -> None:
     "--scaling", type=click.Choice(["strong", "weak"]), default="strong", show_default=True
 )
 @click.option("--ranks", default=_DEFAULT_RANKS, show_default=True, help="Rank counts P.")
-@click.option("--methods", default=",".join(METHODS), show_default=True)
+@click.option(
+    "--methods", default=",".join(METHODS), show_default=True, help="Also: fosi (FOSI / DHO2)."
+)
+@click.option("--fosi-k", type=int, default=10, show_default=True, help="FOSI: eigenpairs k.")
+@click.option("--ese-every", type=int, default=100, show_default=True, help="FOSI: ESE interval.")
 @click.option("--factor-update-steps", type=int, default=10, show_default=True)
 @click.option("--inv-update-steps", type=int, default=100, show_default=True)
 @click.option("--bucket-mb", type=float, default=25.0, show_default=True, help="Bucket cap (MiB).")
@@ -78,17 +82,20 @@ def _plan(**o: Any) -> None:
     ranks = _int_list("ranks", o["ranks"])
     methods = [m.strip() for m in o["methods"].split(",") if m.strip()]
     for method in methods:  # checked here too: before a calibration spends seconds
-        if method not in METHODS:
-            raise PlanInputError("methods", f"{method!r} is not one of {', '.join(METHODS)}")
+        if method not in ALL_METHODS:
+            raise PlanInputError("methods", f"{method!r} is not one of {', '.join(ALL_METHODS)}")
     for name in (
         "batch_size",
         "factor_update_steps",
         "inv_update_steps",
         "ranks_per_node",
         "steps",
+        "ese_every",
     ):
         _positive(name, o[name])
     _positive("bucket_mb", o["bucket_mb"])
+    if o["fosi_k"] < 1:
+        raise PlanInputError("fosi_k", f"{o['fosi_k']} must be >= 1")
     calibration = _int_list("calibration_ranks", o["calibration_ranks"])
     if min(calibration) < 2:
         raise PlanInputError("calibration_ranks", "collectives need at least 2 ranks each")
@@ -110,6 +117,8 @@ def _plan(**o: Any) -> None:
         o["factor_update_steps"],
         o["inv_update_steps"],
         o["bucket_mb"],
+        o["fosi_k"],
+        o["ese_every"],
     )
     click.echo(
         f"{o['model']} on {o['dataset']}, batch {o['batch_size']} ({o['scaling']}); "

@@ -30,7 +30,7 @@ def config_of_run(config: dict[str, Any]) -> PlanConfig:
     0.5 → hybrid-opt, 1/P → mem-opt); other fractions raise ``ValueError``.
     """
     ranks = int(config["world_size"])
-    method = "sgd"
+    method = "fosi" if config.get("fosi") else "sgd"
     if config.get("kfac"):
         fraction = config.get("grad_worker_fraction", "comm-opt")
         if isinstance(fraction, str):
@@ -51,6 +51,10 @@ def config_of_run(config: dict[str, Any]) -> PlanConfig:
         int(config.get("factor_update_steps", 1)),
         int(config.get("inv_update_steps", 1)),
         float(config.get("allreduce_bucket_cap_mb", 25.0)),
+        int(config.get("fosi_k", 10)),
+        int(config.get("fosi_l", 0)),
+        int(config.get("ese_every", 100)),
+        config.get("lanczos_iters"),
     )
 
 

@@ -21,9 +21,18 @@ from kfac_hpc.plan.layers import ModelShape
 from kfac_hpc.plan.overhead import JobOverhead
 from kfac_hpc.plan.profiles import NetworkProfile
 
-__all__ = ["METHODS", "CostModel", "Host", "PlanConfig", "Prediction", "collective_s"]
+__all__ = [
+    "ALL_METHODS",
+    "METHODS",
+    "CostModel",
+    "Host",
+    "PlanConfig",
+    "Prediction",
+    "collective_s",
+]
 
 METHODS = ("sgd", "kfac-comm-opt", "kfac-hybrid-opt", "kfac-mem-opt")
+ALL_METHODS = (*METHODS, "fosi")  # FOSI / DHO2 on request (--methods): not in the default
 _FLOAT_BYTES = 4
 
 
@@ -40,10 +49,14 @@ class PlanConfig:
     factor_update_steps: int = 10
     inv_update_steps: int = 100
     bucket_mb: float = 25.0
+    fosi_k: int = 10
+    fosi_l: int = 0
+    ese_every: int = 100
+    lanczos_iters: int | None = None
 
     @property
     def kfac(self) -> bool:
-        return self.method != "sgd"
+        return self.method.startswith("kfac-")
 
     @property
     def strategy(self) -> str | None:
@@ -176,6 +189,8 @@ class CostModel:
         ) * 4
         memory += min(grad_bytes, cfg.bucket_mb * 2**20)
         before_agreement = optimizer
+        if cfg.method == "fosi":
+            memory += self._fosi(cfg, phases, slow, backward)
         if cfg.kfac:
             kfac_bytes, before_agreement = self._kfac(cfg, phases, slow)
             memory += kfac_bytes
@@ -229,6 +244,41 @@ class CostModel:
             ) + self._wait(p, precondition)
             since_collective = 0.0
         return factor_bytes + (workers / p) * sum(second_order), since_collective
+
+    def _fosi(
+        self, cfg: PlanConfig, phases: dict[str, float], slow: float, backward: float
+    ) -> float:
+        """FOSI / DHO2 (docs/fosi.md): fill ``optimizer`` and ``ese``; return the bytes per rank
+        beyond SGD's. Vectors and base state are sharded over coordinates (n/P per rank)."""
+        p, n = cfg.ranks, self.shape.params
+        pairs = cfg.fosi_k + cfg.fosi_l
+        iters = cfg.lanczos_iters if cfg.lanczos_iters is not None else 4 * pairs
+        vector = n * _FLOAT_BYTES
+        # a gather / reduce-scatter of n bytes moves half of what an allreduce of n bytes does
+        half_allreduce = 0.5 * collective_s(self.network, "allreduce", vector, p)
+        # every step: the base optimizer on the shard, projections on the k + l vectors
+        # (2 reads of V's shard), one allreduce of k + l numbers, the update gathered
+        project = 2 * pairs * (vector / p) / self._memory_rate()
+        phases["optimizer"] = slow * (self.compute.optimizer_s() / p + project)
+        phases["optimizer"] += collective_s(self.network, "allreduce", pairs * 4, p)
+        phases["optimizer"] += half_allreduce
+        # every ese_every steps: Lanczos, each iteration a Hessian-vector product (≈ 2
+        # backward passes) on the local batch, the vector gathered and the product
+        # reduce-scattered, and full reorthogonalization against the earlier vectors
+        reorth = sum(2 * j * vector / p for j in range(iters)) / self._memory_rate()
+        hvp = 2 * backward
+        ese = slow * (iters * hvp + reorth) + iters * (
+            2 * half_allreduce + collective_s(self.network, "allreduce", 8, p)
+        )
+        phases["ese"] = ese / cfg.ese_every
+        # weights and gradients whole; momentum, velocity and V sharded (SGD: momentum whole)
+        return (pairs + 2) * vector / p - vector
+
+    def _memory_rate(self) -> float:
+        """Bytes per second of elementwise traffic: the optimizer's (5 × 4 bytes per
+        parameter for SGD with momentum) over its measured or rated time."""
+        seconds = self.compute.optimizer_s()
+        return 5 * 4 * self.shape.params / seconds if seconds > 0 else float("inf")
 
 
 def _max_load(costs: list[float], bins: int) -> float:

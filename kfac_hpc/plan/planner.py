@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from kfac_hpc.plan.compute import MeasuredCompute, RatedCompute
 from kfac_hpc.plan.errors import PlanInputError
 from kfac_hpc.plan.layers import model_shape
-from kfac_hpc.plan.model import METHODS, CostModel, Host, PlanConfig, Prediction
+from kfac_hpc.plan.model import ALL_METHODS, CostModel, Host, PlanConfig, Prediction
 from kfac_hpc.plan.overhead import JobOverhead, measure_job_overhead
 from kfac_hpc.plan.profiles import load_profile
 
@@ -71,11 +71,13 @@ def predict_all(
     factor_update_steps: int,
     inv_update_steps: int,
     bucket_mb: float,
+    fosi_k: int = 10,
+    ese_every: int = 100,
 ) -> list[Prediction]:
     """Every (ranks, method) pair; hybrid-opt is skipped at odd rank counts > 1 (undefined)."""
     for method in methods:
-        if method not in METHODS:
-            raise PlanInputError("methods", f"{method!r} is not one of {', '.join(METHODS)}")
+        if method not in ALL_METHODS:
+            raise PlanInputError("methods", f"{method!r} is not one of {', '.join(ALL_METHODS)}")
     out = []
     for p in ranks:
         if scaling == "strong" and batch_size % p:
@@ -88,7 +90,15 @@ def predict_all(
             if method == "kfac-hybrid-opt" and p > 1 and p % 2:
                 continue
             cfg = PlanConfig(
-                method, p, batch_size, scaling, factor_update_steps, inv_update_steps, bucket_mb
+                method,
+                p,
+                batch_size,
+                scaling,
+                factor_update_steps,
+                inv_update_steps,
+                bucket_mb,
+                fosi_k=fosi_k,
+                ese_every=ese_every,
             )
             out.append(planned.model.predict(cfg))
     return out
