@@ -164,8 +164,10 @@ def report_command(
 ) -> None:
     """Write report.md, a self-contained report.html and PNG plots for SWEEP_DIR.
 
-    Prints the scaling table (one row per configuration and node count) and the baseline
-    comparison; with --format json one object {"scaling": [...], "comparison": [...] or null}.
+    Prints the scaling table (one row per configuration and node count), the baseline
+    comparison and, when SWEEP_DIR/predicted.json exists (kfac-hpc plan --explain), the plan's
+    predictions beside the measurements; with --format json one object {"scaling": [...],
+    "comparison": [...] or null, "predicted": [...] when there are predictions}.
     Exit code 0: every point is done; 1: some failed or are incomplete (the report is still
     written); 2: bad input.
     """
@@ -194,7 +196,10 @@ def report_command(
         lambda: write_report(collection, tables, out_dir, comparison, baseline, predicted),
     )
     if fmt == "json":  # one document: the scaling table, and the comparison (or null)
-        click.echo(json.dumps({"scaling": tables.scaling, "comparison": comparison}, indent=1))
+        document = {"scaling": tables.scaling, "comparison": comparison}
+        if predicted is not None:
+            document["predicted"] = predicted[1]
+        click.echo(json.dumps(document, indent=1))
     else:
         click.echo(render(tables.scaling, SCALING_COLUMNS, fmt, SCALING_VIEW))
         if comparison is not None:

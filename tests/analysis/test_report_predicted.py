@@ -88,3 +88,12 @@ def test_broken_predictions_file_is_bad_input(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "predicted.json" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not (root / "report").exists()
+
+
+def test_report_json_document_carries_the_rows(tmp_path: Path) -> None:
+    root = _sweep(tmp_path / "sweep")
+    result = CliRunner().invoke(main, ["report", str(root), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["phase"]: r for r in json.loads(result.stdout)["predicted"]}
+    assert rows["backward"]["predicted_s"] == pytest.approx(0.033)
+    assert rows["backward"]["measured_s"] == pytest.approx(0.030)
