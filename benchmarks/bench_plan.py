@@ -7,7 +7,12 @@ median over the run's logging windows after the first (each window = LOG_EVERY c
 real steps, one K-FAC inverse update in each), with min and max. Target: every prediction
 within 20 %. Then the published-hardware profile's predictions for 16 … 1,024 GPUs as a plot.
 
-    .venv/bin/python benchmarks/bench_plan.py [--models small_cnn,resnet32] [--out DIR]
+    .venv/bin/python benchmarks/bench_plan.py [--models small_cnn,resnet32] [--ranks 1,2,4]
+        [--json rows.jsonl] [--no-a100] [--out DIR]
+
+Before each rank count's runs the cost model is calibrated again (collectives at that rank
+count, the job's own overhead, per-layer compute), so calibration and runs see the same
+machine minutes apart at most.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
+from kfac_hpc.plan.model import Prediction
 from kfac_hpc.plan.output import plot_scaling
 from kfac_hpc.plan.planner import build_cost_model, predict_all
 
@@ -28,11 +35,11 @@ REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 TARGET = 0.20
 LOG_EVERY = 10
-STEPS = 50
 INV = 10
 METHODS = ("sgd", "kfac-comm-opt", "kfac-hybrid-opt", "kfac-mem-opt")
-# model -> (dataset, global batch); strong scaling, so 4 ranks see batch/4 each
-CASES = {"small_cnn": ("digits", 128), "resnet32": ("synthetic_cifar", 32)}
+# model -> (dataset, global batch, steps); strong scaling, so 4 ranks see batch/4 each.
+# ResNet-32 at 4 ranks shares 2 cores here: 50 steps (4 timed windows) keep a point short.
+CASES = {"small_cnn": ("digits", 128, 60), "resnet32": ("synthetic_cifar", 32, 50)}
 TRAIN_FLAGS = {
     "sgd": ["--no-kfac"],
     "kfac-comm-opt": ["--kfac", "--grad-worker-fraction", "comm-opt"],
@@ -43,11 +50,11 @@ TRAIN_FLAGS = {
 
 def measure(
     model: str, dataset: str, batch: int, method: str, ranks: int, root: Path
-) -> list[float]:
-    """Per-window mean step seconds of one real run (first window dropped)."""
+) -> list[dict[str, Any]]:
+    """The ``train`` records (logging windows) of one real run, the first dropped."""
     run_dir = root / f"{model}-{method}-{ranks}"
     argv = [str(VENV_BIN / "kfac-hpc"), "train", "--run-dir", str(run_dir), "--model", model]
-    argv += ["--dataset", dataset, "--batch-size", str(batch), "--steps", str(STEPS)]
+    argv += ["--dataset", dataset, "--batch-size", str(batch), "--steps", str(CASES[model][2])]
     argv += ["--log-every", str(LOG_EVERY), "--factor-update-steps", "1"]
     argv += ["--inv-update-steps", str(INV), "--no-progress", "--checkpoint-every", "100000"]
     argv += ["--num-samples", "2048", *TRAIN_FLAGS[method]]
@@ -62,36 +69,50 @@ def measure(
     run = json.loads((run_dir / "run.json").read_text())
     assert run["world_size"] == ranks, run["world_size"]
     windows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [w["step_s"] for w in windows if w.get("kind") == "train"]
-    return steps[1:]
+    return [w for w in windows if w.get("kind") == "train"][1:]
 
 
-def local_rows(models: list[str], root: Path) -> list[dict[str, object]]:
+def local_rows(models: list[str], ranks: list[int], root: Path) -> list[dict[str, object]]:
+    """Calibration interleaved with the runs: before each rank count's four runs, the cost
+    model is rebuilt (collectives at that rank count, the job's overhead, compute)."""
     rows: list[dict[str, object]] = []
     for model in models:
-        dataset, batch = CASES[model]
-        planned = build_cost_model(model, dataset, None, (2, 4))
-        preds = predict_all(planned, METHODS, [1, 2, 4], batch, "strong", 1, INV, 25.0)
-        for pred in preds:
-            cfg = pred.config
-            steps = measure(model, dataset, batch, cfg.method, cfg.ranks, root)
-            measured = statistics.median(steps)
-            rows.append(
-                {
-                    "model": model,
-                    "method": cfg.method,
-                    "ranks": cfg.ranks,
-                    "predicted_ms": pred.step_s * 1e3,
-                    "measured_ms": measured * 1e3,
-                    "measured_min_ms": min(steps) * 1e3,
-                    "measured_max_ms": max(steps) * 1e3,
-                    "windows": len(steps),
-                    "ratio": pred.step_s / measured,
-                    "predicted_phases_ms": {k: v * 1e3 for k, v in pred.phases_s.items() if v},
-                }
-            )
-            print(_line(rows[-1]), flush=True)
+        dataset, batch, _ = CASES[model]
+        for p in ranks:
+            planned = build_cost_model(model, dataset, None, (max(2, p),), batch // p)
+            preds = predict_all(planned, METHODS, [p], batch, "strong", 1, INV, 25.0)
+            print(f"# {model} P={p}: {planned.source}", flush=True)
+            for pred in preds:
+                cfg = pred.config
+                windows = measure(model, dataset, batch, cfg.method, cfg.ranks, root)
+                rows.append(_row(model, pred, windows))
+                print(_line(rows[-1]), flush=True)
     return rows
+
+
+def _row(model: str, pred: Prediction, windows: list[dict[str, Any]]) -> dict[str, object]:
+    steps = [w["step_s"] for w in windows]
+    measured = statistics.median(steps)
+    phases = {k: v * 1e3 for k, v in pred.phases_s.items() if v}
+    measured_phases = {
+        k: statistics.median(w["phases_s"][k] for w in windows) * 1e3 for k in pred.phases_s
+    }
+    measured_phases["other"] = (
+        statistics.median(w["step_s"] - sum(w["phases_s"].values()) for w in windows) * 1e3
+    )
+    return {
+        "model": model,
+        "method": pred.config.method,
+        "ranks": pred.config.ranks,
+        "predicted_ms": pred.step_s * 1e3,
+        "measured_ms": measured * 1e3,
+        "measured_min_ms": min(steps) * 1e3,
+        "measured_max_ms": max(steps) * 1e3,
+        "windows": len(steps),
+        "ratio": pred.step_s / measured,
+        "predicted_phases_ms": {**phases, "other": pred.other_s * 1e3},
+        "measured_phases_ms": {k: v for k, v in measured_phases.items() if v > 1e-3},
+    }
 
 
 def _line(row: dict[str, object]) -> str:
@@ -106,17 +127,31 @@ def _line(row: dict[str, object]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--models", default="small_cnn,resnet32")
+    parser.add_argument("--models", default="small_cnn,resnet32", help="'' = only the A100 plot")
+    parser.add_argument("--ranks", default="1,2,4", help="rank counts (split long runs)")
     parser.add_argument("--out", default=str(REPO / "docs" / "img"))
+    parser.add_argument("--json", default=None, help="append the rows (JSON lines) here")
+    parser.add_argument("--no-a100", action="store_true", help="skip the A100 profile plot")
     args = parser.parse_args()
     out = Path(args.out)
+    print(f"load average at start: {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        rows = local_rows(args.models.split(","), Path(tmp))
+        ranks = [int(r) for r in args.ranks.split(",")]
+        rows = local_rows([m for m in args.models.split(",") if m], ranks, Path(tmp))
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    if args.json:
+        with open(args.json, "a") as sink:
+            sink.writelines(json.dumps(row) + "\n" for row in rows)
     misses = [r for r in rows if abs(float(r["ratio"]) - 1) > TARGET]  # type: ignore[arg-type]
     print(f"\nwithin {TARGET:.0%}: {len(rows) - len(misses)}/{len(rows)}")
     for row in misses:
         print("MISS", _line(row))
+    if not args.no_a100:
+        a100_plot(out)
 
+
+def a100_plot(out: Path) -> None:
+    """The published-hardware profile's predictions for 16 … 1,024 GPUs, as a plot."""
     planned = build_cost_model("resnet32", "cifar10", "a100-hdr200")
     ranks = [16, 32, 64, 128, 256, 512, 1024]
     preds = predict_all(planned, METHODS, ranks, 128, "weak", 10, 100, 25.0)

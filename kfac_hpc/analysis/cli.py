@@ -131,6 +131,18 @@ def collect_command(
     sys.exit(_exit_code(collected.states))
 
 
+def _predicted_or_exit(collection: Collection) -> tuple[str, list[dict[str, Any]]] | None:
+    """The plan's predictions of SWEEP_DIR (``kfac-hpc plan --explain``) beside the runs."""
+    from kfac_hpc.analysis.predicted import load_predicted, predicted_rows
+
+    try:
+        loaded = load_predicted(collection.source)
+    except ValueError as exc:
+        click.echo(f"error: SWEEP_DIR: {exc}; rerun kfac-hpc plan --explain", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    return None if loaded is None else (loaded.source, predicted_rows(collection, loaded))
+
+
 @click.command("report")
 @_source
 @click.option(
@@ -164,8 +176,10 @@ def report_command(
 ) -> None:
     """Write report.md, a self-contained report.html and PNG plots for SWEEP_DIR.
 
-    Prints the scaling table (one row per configuration and node count) and the baseline
-    comparison; with --format json one object {"scaling": [...], "comparison": [...] or null}.
+    Prints the scaling table (one row per configuration and node count), the baseline
+    comparison and, when SWEEP_DIR/predicted.json exists (kfac-hpc plan --explain), the plan's
+    predictions beside the measurements; with --format json one object {"scaling": [...],
+    "comparison": [...] or null, "predicted": [...] when there are predictions}.
     Exit code 0: every point is done; 1: some failed or are incomplete (the report is still
     written); 2: bad input.
     """
@@ -173,7 +187,12 @@ def report_command(
     from kfac_hpc.analysis.metrics import SCALING_COLUMNS
 
     try:
-        from kfac_hpc.analysis.report import COMPARE_TABLE, SCALING_VIEW, write_report
+        from kfac_hpc.analysis.report import (
+            COMPARE_TABLE,
+            PREDICTED_TABLE,
+            SCALING_VIEW,
+            write_report,
+        )
     except ImportError as exc:  # matplotlib is the 'report' extra
         click.echo(f"error: {exc}; install it: pip install 'kfac-hpc[report]'", err=True)
         sys.exit(EXIT_BAD_INPUT)
@@ -186,16 +205,28 @@ def report_command(
     if base is not None:
         base_tables = build_tables(base, target_accuracy)
         comparison = compare(tables.scaling, base_tables.scaling, regression_threshold)
+    predicted = _predicted_or_exit(collection)
     out_dir = out or source / "report"
     _write_or_exit(out_dir, lambda: write_tables(tables, out_dir / "tables"))
-    _write_or_exit(out_dir, lambda: write_report(collection, tables, out_dir, comparison, baseline))
+    _write_or_exit(
+        out_dir,
+        lambda: write_report(collection, tables, out_dir, comparison, baseline, predicted),
+    )
     if fmt == "json":  # one document: the scaling table, and the comparison (or null)
-        click.echo(json.dumps({"scaling": tables.scaling, "comparison": comparison}, indent=1))
+        document = {"scaling": tables.scaling, "comparison": comparison}
+        if predicted is not None:
+            document["predicted"] = predicted[1]
+        click.echo(json.dumps(document, indent=1))
     else:
         click.echo(render(tables.scaling, SCALING_COLUMNS, fmt, SCALING_VIEW))
         if comparison is not None:
             click.echo("")
             click.echo(render(comparison, COMPARE_COLUMNS, fmt, COMPARE_TABLE))
+        if predicted is not None:
+            from kfac_hpc.analysis import predicted as plan_rows
+
+            click.echo(f"\npredicted ({predicted[0]}) vs measured, per step:")
+            click.echo(render(predicted[1], plan_rows.COLUMNS, fmt, PREDICTED_TABLE))
     states = [run.state for run in collection.runs]
     click.echo(f"{_summary_line(states)}; report in {out_dir / 'report.md'}", err=True)
     sys.exit(_exit_code(states))

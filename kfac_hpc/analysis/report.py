@@ -185,6 +185,30 @@ def _phase_blocks(scaling: list[Row]) -> list[Block]:
     return [_table(rows, columns, caption)]
 
 
+PREDICTED_TABLE = (
+    Column("run_id", "point"),
+    Column("method", "method"),
+    Column("world_size", "ranks", "count"),
+    Column("phase", "phase"),
+    Column("predicted_s", "predicted", "time"),
+    Column("measured_s", "measured", "time"),
+    Column("ratio", "predicted / measured", "ratio"),
+)
+
+
+def _predicted_blocks(source: str, rows: list[Row]) -> list[Block]:
+    """The plan's prediction beside each run's measurement, per phase (``other``: the time of
+    a step outside every phase)."""
+    blocks = [Block("heading", "Predicted vs measured (kfac-hpc plan)")]
+    if not rows:
+        return [*blocks, Block("text", "No finished run has a prediction.")]
+    text = (
+        f"Predictions of `kfac-hpc plan --explain` ({source}), seconds per step; measured: "
+        "run.json's per-step means over the run, averaged over ranks."
+    )
+    return [*blocks, Block("text", text), _table(rows, PREDICTED_TABLE)]
+
+
 def _scaled(value: float | None, scale: float) -> float | None:
     return None if value is None else value / scale
 
@@ -195,8 +219,10 @@ def build_blocks(
     images: dict[str, Path | None],
     comparison: list[Row] | None,
     baseline: Path | None,
+    predicted: tuple[str, list[Row]] | None = None,
 ) -> list[Block]:
-    """The report's content, in order: summary, plots, tables."""
+    """The report's content, in order: summary, plots, tables. ``predicted``: the plan's
+    source and its rows (:mod:`kfac_hpc.analysis.predicted`), when the sweep has them."""
     labels = short_labels(sorted({str(r["group"]) for r in tables.runs}))
     scaling = _labelled(tables.scaling, labels)
     runs = _labelled(tables.runs, labels)
@@ -225,6 +251,8 @@ def build_blocks(
         _table(scaling, STEP_TABLE),
         *_phase_blocks(scaling),
     ]
+    if predicted is not None:
+        blocks += _predicted_blocks(*predicted)
     if comparison is not None:
         flagged = [r for r in comparison if r["regression"]]
         blocks += [
@@ -302,11 +330,12 @@ def write_report(
     out_dir: Path,
     comparison: list[Row] | None = None,
     baseline: Path | None = None,
+    predicted: tuple[str, list[Row]] | None = None,
 ) -> Path:
     """Draw the plots into ``out_dir/img`` and write ``report.md`` and ``report.html``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     images = _plots(collection, tables, out_dir / "img")
-    blocks = build_blocks(collection, tables, images, comparison, baseline)
+    blocks = build_blocks(collection, tables, images, comparison, baseline, predicted)
     (out_dir / "report.md").write_text(to_markdown(blocks, out_dir), encoding="utf-8")
     (out_dir / "report.html").write_text(to_html(blocks), encoding="utf-8")
     return out_dir / "report.md"

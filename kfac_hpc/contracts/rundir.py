@@ -27,6 +27,7 @@ __all__ = [
     "CHECKPOINTS",
     "CONFIG",
     "METRICS",
+    "PREDICTED",
     "RUN",
     "SCHEMA_VERSION",
     "Marker",
@@ -45,6 +46,9 @@ METRICS = "metrics.jsonl"
 RUN = "run.json"
 CHECKPOINTS = "checkpoints"
 ATTEMPTS = ".attempts.jsonl"
+# At a sweep's root (not in a run directory): what `kfac-hpc plan --explain` predicted for each
+# run directory, for `kfac-hpc report` to show beside the measurements.
+PREDICTED = "predicted.json"
 
 
 class Marker(str, enum.Enum):

@@ -1,7 +1,14 @@
 """Measure this machine's collectives: real gloo ranks on this host, timed, fitted to α-β.
 
 Starts ``ranks`` local processes (torch.multiprocessing, TCP rendezvous on 127.0.0.1) that
-time allreduce, broadcast and reduce of a few message sizes; rank 0 reports the medians.
+time allreduce, broadcast and reduce of a few message sizes (in lockstep, after a barrier);
+rank 0 reports the medians. Then the *synchronization wait*: each rank runs a fixed amount
+of single-thread GEMM work (what takes ``T`` seconds on one idle core), then a one-number
+allreduce of 64 KiB. The round's time (mean over ranks, as the job averages its phases)
+minus the cost model's compute for that work (``T`` times the slowdown of ranks sharing
+cores) and minus the same allreduce in lockstep is what
+a collective costs beyond its α-β time when ranks arrive at different moments: jitter, and
+ranks that share cores waiting to be scheduled. Fitted per rank count as ``a + b·T``.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from collections.abc import Sequence
 from queue import Empty
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -21,10 +29,16 @@ import torch.multiprocessing as mp
 from kfac_hpc.plan.alphabeta import COLLECTIVES, AlphaBeta, fit_alpha_beta
 from kfac_hpc.plan.profiles import NetworkProfile
 
-__all__ = ["SIZES_BYTES", "local_network", "measure_collectives"]
+__all__ = ["SIZES_BYTES", "SYNC_WORK_S", "local_network", "measure_collectives"]
 
-SIZES_BYTES = (4 * 2**10, 64 * 2**10, 1 * 2**20, 4 * 2**20)
+SIZES_BYTES = (64, 4 * 2**10, 64 * 2**10, 1 * 2**20, 4 * 2**20)
+SYNC_WORK_S = (0.5e-3, 4e-3, 16e-3)  # compute before each synchronization, one idle core
+SYNC_BYTES = 64 * 2**10  # the allreduce after it (one of SIZES_BYTES)
 _ROUNDS = 5
+_SYNC_ROUNDS = 15
+_GEMM_N = 128
+
+Sample = tuple[str, int, float, float]  # (collective or "sync", ranks, bytes or T, seconds)
 
 
 def _free_port() -> int:
@@ -33,7 +47,44 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _worker(rank: int, ranks: int, port: int, sizes: Sequence[int], out: mp.Queue) -> None:
+def _gemm_s() -> float:
+    """Seconds of one N×N GEMM on one idle thread (the unit of the sync test's work)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    a = torch.randn(_GEMM_N, _GEMM_N)
+    try:
+        for _ in range(20):
+            a @ a
+        start = time.perf_counter()
+        for _ in range(200):
+            a @ a
+        return (time.perf_counter() - start) / 200
+    finally:
+        torch.set_num_threads(before)
+
+
+def _sync_rounds(ranks: int, reps: Sequence[int]) -> list[Sample]:
+    """("sync", ranks, T, seconds of work + allreduce, mean over ranks) for each amount of
+    work ``reps`` (GEMMs)."""
+    a, message = torch.randn(_GEMM_N, _GEMM_N), torch.zeros(SYNC_BYTES // 4)
+    rows: list[Sample] = []
+    for work_s, n in zip(SYNC_WORK_S, reps, strict=True):
+        rounds = []
+        for _ in range(_SYNC_ROUNDS + 1):
+            start = time.perf_counter()
+            for _ in range(n):
+                a @ a
+            dist.all_reduce(message)
+            rounds.append(time.perf_counter() - start)
+        local = torch.tensor([statistics.median(rounds[1:])], dtype=torch.float64)
+        dist.all_reduce(local)
+        rows.append(("sync", ranks, work_s, float(local.item()) / ranks))
+    return rows
+
+
+def _worker(
+    rank: int, ranks: int, port: int, sizes: Sequence[int], reps: Sequence[int], out: mp.Queue
+) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks
@@ -60,15 +111,17 @@ def _worker(rank: int, ranks: int, port: int, sizes: Sequence[int], out: mp.Queu
             local = torch.tensor([statistics.median(times[1:])], dtype=torch.float64)
             dist.all_reduce(local, op=dist.ReduceOp.MAX)
             rows.append((kind, ranks, float(nbytes), float(local.item())))
+    rows += _sync_rounds(ranks, reps)
     if rank == 0:
         out.put(rows)
     dist.destroy_process_group()
 
 
-def measure_collectives(
-    ranks: int, sizes: Sequence[int] = SIZES_BYTES
-) -> list[tuple[str, int, float, float]]:
-    """``(collective, ranks, nbytes, seconds)`` medians from ``ranks`` real gloo processes."""
+def measure_collectives(ranks: int, sizes: Sequence[int] = SIZES_BYTES) -> list[Sample]:
+    """``(collective, ranks, nbytes, seconds)`` medians from ``ranks`` real gloo processes,
+    then ``("sync", ranks, T, seconds)`` rows (see the module's docstring)."""
+    gemm = _gemm_s()
+    reps = tuple(max(1, round(t / gemm)) for t in SYNC_WORK_S)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
@@ -76,7 +129,7 @@ def measure_collectives(
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned ranks, as in a real job
     try:
         procs = [
-            ctx.Process(target=_worker, args=(r, ranks, port, tuple(sizes), queue))
+            ctx.Process(target=_worker, args=(r, ranks, port, tuple(sizes), reps, queue))
             for r in range(ranks)
         ]
         for proc in procs:
@@ -90,14 +143,12 @@ def measure_collectives(
     return rows
 
 
-def _collect(
-    queue: Any, procs: list[Any], timeout_s: float = 300
-) -> list[tuple[str, int, float, float]]:
+def _collect(queue: Any, procs: list[Any], timeout_s: float = 300) -> list[Sample]:
     """Rank 0's rows; fails as soon as a rank dies instead of waiting out the timeout."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            rows: list[tuple[str, int, float, float]] = queue.get(timeout=0.5)
+            rows: list[Sample] = queue.get(timeout=0.5)
         except Empty:
             dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
             if dead:
@@ -113,10 +164,36 @@ def _collect(
     raise RuntimeError(f"the calibration ranks did not report within {timeout_s:.0f} s")
 
 
+def fit_sync(rows: Sequence[Sample], slowdown: float) -> tuple[float, float]:
+    """(a, b) of wait = round − slowdown·T − lockstep allreduce = a + b·T, least squares over
+    one rank count's rows (``slowdown``: the cost model's compute slowdown there)."""
+    lockstep = next(r[3] for r in rows if r[0] == "allreduce" and r[2] == SYNC_BYTES)
+    sync = [r for r in rows if r[0] == "sync"]
+    t = np.array([r[2] for r in sync])
+    wait = np.array([r[3] for r in sync]) - slowdown * t - lockstep
+    if len(sync) < 2:
+        return float(wait.mean()), 0.0
+    b, a = np.polyfit(t, wait, 1)
+    return float(a), float(b)
+
+
 def local_network(
-    ranks: Sequence[int] = (2, 4),
-) -> tuple[NetworkProfile, list[tuple[str, int, float, float]]]:
-    """This host as a network profile: one α-β fitted to gloo collectives at ``ranks``."""
-    samples = [row for p in ranks for row in measure_collectives(p)]
+    ranks: Sequence[int] = (2, 4), cores: int = 1
+) -> tuple[NetworkProfile, tuple[tuple[int, float, float], ...], list[Sample]]:
+    """This host as a network profile: one α-β fitted to gloo collectives at all ``ranks``,
+    and one per collective at each rank count (used at exactly that count: gloo's algorithms
+    differ from the step counts, and ranks that share cores make a message step's cost depend
+    on how many there are); and the sync waits'
+    fits ``(ranks, a, b)`` for a host of ``cores`` cores running one thread per rank."""
+    measured = {p: measure_collectives(p) for p in ranks}
+    by_ranks = {p: [r for r in rows if r[0] != "sync"] for p, rows in measured.items()}
+    samples = [row for rows in by_ranks.values() for row in rows]
     link: AlphaBeta = fit_alpha_beta(samples)
-    return NetworkProfile("local-gloo", 1 << 20, link, link), samples
+    at = tuple(
+        (p, kind, fit_alpha_beta([r for r in rows if r[0] == kind]))
+        for p, rows in by_ranks.items()
+        for kind in COLLECTIVES
+    )
+    sync = tuple((p, *fit_sync(rows, max(1.0, p / cores))) for p, rows in measured.items())
+    network = NetworkProfile("local-gloo", 1 << 20, link, link, at)
+    return network, sync, [row for rows in measured.values() for row in rows]

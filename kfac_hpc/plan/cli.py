@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from kfac_hpc.plan.errors import PlanInputError
-from kfac_hpc.plan.model import METHODS
+from kfac_hpc.plan.model import ALL_METHODS, METHODS
 
 __all__ = ["plan"]
 
@@ -39,7 +39,11 @@ def _positive(field: str, value: float) -> None:
     "--scaling", type=click.Choice(["strong", "weak"]), default="strong", show_default=True
 )
 @click.option("--ranks", default=_DEFAULT_RANKS, show_default=True, help="Rank counts P.")
-@click.option("--methods", default=",".join(METHODS), show_default=True)
+@click.option(
+    "--methods", default=",".join(METHODS), show_default=True, help="Also: fosi (FOSI / DHO2)."
+)
+@click.option("--fosi-k", type=int, default=10, show_default=True, help="FOSI: eigenpairs k.")
+@click.option("--ese-every", type=int, default=100, show_default=True, help="FOSI: ESE interval.")
 @click.option("--factor-update-steps", type=int, default=10, show_default=True)
 @click.option("--inv-update-steps", type=int, default=100, show_default=True)
 @click.option("--bucket-mb", type=float, default=25.0, show_default=True, help="Bucket cap (MiB).")
@@ -54,6 +58,14 @@ def _positive(field: str, value: float) -> None:
 @click.option("--write-sweep", type=click.Path(dir_okay=False), default=None, help="Sweep TOML.")
 @click.option("--ranks-per-node", type=int, default=1, show_default=True, help="For --write-sweep.")
 @click.option("--steps", type=int, default=100, show_default=True, help="For --write-sweep.")
+@click.option(
+    "--explain",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    metavar="SWEEP_DIR",
+    help="Predict every finished run of SWEEP_DIR (its own settings) into "
+    "SWEEP_DIR/predicted.json, which kfac-hpc report shows beside the measurements.",
+)
 def plan(**options: Any) -> None:
     """Predict step time per phase and memory per rank for each method and K-FAC strategy."""
     try:
@@ -70,21 +82,32 @@ def _plan(**o: Any) -> None:
     ranks = _int_list("ranks", o["ranks"])
     methods = [m.strip() for m in o["methods"].split(",") if m.strip()]
     for method in methods:  # checked here too: before a calibration spends seconds
-        if method not in METHODS:
-            raise PlanInputError("methods", f"{method!r} is not one of {', '.join(METHODS)}")
+        if method not in ALL_METHODS:
+            raise PlanInputError("methods", f"{method!r} is not one of {', '.join(ALL_METHODS)}")
     for name in (
         "batch_size",
         "factor_update_steps",
         "inv_update_steps",
         "ranks_per_node",
         "steps",
+        "ese_every",
     ):
         _positive(name, o[name])
     _positive("bucket_mb", o["bucket_mb"])
+    if o["fosi_k"] < 1:
+        raise PlanInputError("fosi_k", f"{o['fosi_k']} must be >= 1")
     calibration = _int_list("calibration_ranks", o["calibration_ranks"])
     if min(calibration) < 2:
         raise PlanInputError("calibration_ranks", "collectives need at least 2 ranks each")
-    planned = build_cost_model(o["model"], o["dataset"], o["profile"], calibration)
+    if o["explain"] is not None:
+        from kfac_hpc.plan.explain import explain_sweep
+
+        if not o["explain"].is_dir():
+            raise PlanInputError("explain", f"{o['explain']} is not a directory")
+        path, count = explain_sweep(o["explain"], o["profile"], calibration)
+        click.echo(f"predictions of {count} run(s): {path} (kfac-hpc report {o['explain']})")
+        return
+    planned = build_cost_model(o["model"], o["dataset"], o["profile"], calibration, o["batch_size"])
     predictions = predict_all(
         planned,
         methods,
@@ -94,6 +117,8 @@ def _plan(**o: Any) -> None:
         o["factor_update_steps"],
         o["inv_update_steps"],
         o["bucket_mb"],
+        o["fosi_k"],
+        o["ese_every"],
     )
     click.echo(
         f"{o['model']} on {o['dataset']}, batch {o['batch_size']} ({o['scaling']}); "

@@ -41,6 +41,7 @@ class ComputeCosts(Protocol):
     def layer_eigh_s(self, layer: LayerShape) -> float: ...
     def precondition_s(self, layer: LayerShape) -> float: ...
     def optimizer_s(self) -> float: ...
+    def kfac_overhead_s(self, batch: int) -> float: ...
 
 
 class RatedCompute:
@@ -77,6 +78,10 @@ class RatedCompute:
     def optimizer_s(self) -> float:
         # SGD with momentum: read weight, grad, momentum; write weight, momentum (FP32)
         return 5 * 4 * self.shape.params / self.machine.memory_bytes_per_s
+
+    def kfac_overhead_s(self, batch: int) -> float:
+        """The preconditioner's host bookkeeping outside its phases: not rated (0)."""
+        return 0.0
 
 
 _FB_ROUNDS = 9
@@ -155,10 +160,11 @@ class MeasuredCompute:
             forward.append(mid - start)
             backward.append(end - mid)
             phases.append(dict(pre.last_timings))
+            phases[-1]["untimed"] = time.perf_counter() - end - sum(pre.last_timings.values())
         pre.remove_hooks()
         self._kfac_totals[batch] = {
             k: statistics.median(p[k] for p in phases[2:])
-            for k in ("factor_compute", "inverse_compute", "precondition")
+            for k in ("factor_compute", "inverse_compute", "precondition", "untimed")
         }
         return statistics.median(forward[2:]), statistics.median(backward[2:])
 
@@ -254,12 +260,20 @@ class MeasuredCompute:
         scale = self._scale(self._reference_batch(), "precondition", micro)
         return self._precondition_micro(layer) * scale
 
+    def kfac_overhead_s(self, batch: int) -> float:
+        """The real preconditioner's step minus the phases it reports (its bookkeeping)."""
+        self.forward_backward_s(batch, kfac=True)
+        return max(0.0, self._kfac_totals[batch]["untimed"])
+
     def optimizer_s(self) -> float:
         if self._optimizer is None:
             with self._threads():
                 for p in self.net.parameters():
                     p.grad = torch.randn_like(p)
-                opt = torch.optim.SGD(self.net.parameters(), lr=1e-3, momentum=0.9)
+                # the job's default optimizer: SGD, momentum 0.9, L2 1e-4
+                opt = torch.optim.SGD(
+                    self.net.parameters(), lr=1e-3, momentum=0.9, weight_decay=1e-4
+                )
                 self._optimizer = _median_s(opt.step)
         return self._optimizer
 

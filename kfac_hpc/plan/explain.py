@@ -1,5 +1,7 @@
-"""The cost model next to a finished run: predicted seconds per phase for a run directory's
-resolved configuration, beside what the run measured (for ``kfac-hpc report`` to show)."""
+"""The cost model next to finished runs: predicted seconds per phase for a run directory's
+resolved configuration, beside what the run measured; and ``kfac-hpc plan --explain``, which
+writes the predictions of every run of a sweep to ``SWEEP_DIR/predicted.json`` for
+``kfac-hpc report`` to show (the report reads files only; it never runs the cost model)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kfac_hpc.contracts.rundir import CONFIG, PREDICTED, RUN, write_json_atomic
+from kfac_hpc.plan.errors import PlanInputError
 from kfac_hpc.plan.model import PlanConfig
-from kfac_hpc.plan.planner import Planned
+from kfac_hpc.plan.planner import Planned, build_cost_model
 
-__all__ = ["config_of_run", "predicted_vs_measured"]
+__all__ = ["config_of_run", "explain_sweep", "predicted_vs_measured"]
 
 _STRATEGIES = {
     "comm-opt": "kfac-comm-opt",
@@ -26,7 +30,7 @@ def config_of_run(config: dict[str, Any]) -> PlanConfig:
     0.5 → hybrid-opt, 1/P → mem-opt); other fractions raise ``ValueError``.
     """
     ranks = int(config["world_size"])
-    method = "sgd"
+    method = "fosi" if config.get("fosi") else "sgd"
     if config.get("kfac"):
         fraction = config.get("grad_worker_fraction", "comm-opt")
         if isinstance(fraction, str):
@@ -47,6 +51,10 @@ def config_of_run(config: dict[str, Any]) -> PlanConfig:
         int(config.get("factor_update_steps", 1)),
         int(config.get("inv_update_steps", 1)),
         float(config.get("allreduce_bucket_cap_mb", 25.0)),
+        int(config.get("fosi_k", 10)),
+        int(config.get("fosi_l", 0)),
+        int(config.get("ese_every", 100)),
+        config.get("lanczos_iters"),
     )
 
 
@@ -62,8 +70,48 @@ def predicted_vs_measured(planned: Planned, run_dir: Path) -> dict[str, dict[str
         for phase, seconds in prediction.phases_s.items()
     }
     step = run.get("step_s", {})
-    out["step"] = {
-        "predicted_s": prediction.step_s,
-        "measured_s": float(step["mean"] if isinstance(step, dict) else step),
+    step_s = float(step["mean"] if isinstance(step, dict) else step)
+    out["other"] = {
+        "predicted_s": prediction.other_s,
+        "measured_s": step_s - sum(r["measured_s"] for r in out.values()),
     }
+    out["step"] = {"predicted_s": prediction.step_s, "measured_s": step_s}
     return out
+
+
+def explain_sweep(
+    sweep_dir: Path, profile: str | None, calibration_ranks: list[int]
+) -> tuple[Path, int]:
+    """Predict every finished run directory under ``sweep_dir`` (``config.json`` and
+    ``run.json``); write ``sweep_dir/predicted.json``; return its path and the run count.
+    One cost model per (model, dataset), measured here (at the first run's local batch)
+    unless ``profile``."""
+    runs = sorted(p.parent for p in sweep_dir.rglob(CONFIG) if (p.parent / RUN).is_file())
+    if not runs:
+        raise PlanInputError(
+            "explain", f"no finished run directory ({CONFIG} and {RUN}) under {sweep_dir}"
+        )
+    models: dict[tuple[str, str], Planned] = {}
+    predicted: dict[str, dict[str, Any]] = {}
+    sources = set()
+    for run_dir in runs:
+        config = json.loads((run_dir / CONFIG).read_text())
+        try:
+            cfg = config_of_run(config)
+        except (KeyError, ValueError) as exc:
+            raise PlanInputError("explain", f"{run_dir / CONFIG}: {exc}") from None
+        key = (str(config.get("model")), str(config.get("dataset")))
+        if key not in models:
+            models[key] = build_cost_model(*key, profile, calibration_ranks, cfg.local_batch)
+        pred = models[key].model.predict(cfg)
+        sources.add(models[key].source)
+        predicted[run_dir.relative_to(sweep_dir).as_posix()] = {
+            "method": cfg.method,
+            "ranks": cfg.ranks,
+            "phases_s": pred.phases_s,
+            "other_s": pred.other_s,
+            "step_s": pred.step_s,
+        }
+    out = sweep_dir / PREDICTED
+    write_json_atomic(out, {"source": "; ".join(sorted(sources)), "runs": predicted})
+    return out, len(predicted)

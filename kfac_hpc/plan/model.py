@@ -11,18 +11,28 @@ broadcast from its grad worker to the ``P / W`` ranks of its row. See docs/plan.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kfac_hpc.comm.assignment import lpt_schedule, parse_grad_worker_fraction
 from kfac_hpc.contracts import PHASES
 from kfac_hpc.plan.alphabeta import AlphaBeta
 from kfac_hpc.plan.compute import ComputeCosts
 from kfac_hpc.plan.layers import ModelShape
+from kfac_hpc.plan.overhead import JobOverhead
 from kfac_hpc.plan.profiles import NetworkProfile
 
-__all__ = ["METHODS", "CostModel", "PlanConfig", "Prediction", "collective_s"]
+__all__ = [
+    "ALL_METHODS",
+    "METHODS",
+    "CostModel",
+    "Host",
+    "PlanConfig",
+    "Prediction",
+    "collective_s",
+]
 
 METHODS = ("sgd", "kfac-comm-opt", "kfac-hybrid-opt", "kfac-mem-opt")
+ALL_METHODS = (*METHODS, "fosi")  # FOSI / DHO2 on request (--methods): not in the default
 _FLOAT_BYTES = 4
 
 
@@ -39,10 +49,14 @@ class PlanConfig:
     factor_update_steps: int = 10
     inv_update_steps: int = 100
     bucket_mb: float = 25.0
+    fosi_k: int = 10
+    fosi_l: int = 0
+    ese_every: int = 100
+    lanczos_iters: int | None = None
 
     @property
     def kfac(self) -> bool:
-        return self.method != "sgd"
+        return self.method.startswith("kfac-")
 
     @property
     def strategy(self) -> str | None:
@@ -55,15 +69,32 @@ class PlanConfig:
 
 @dataclass(frozen=True)
 class Prediction:
-    """Seconds per phase (amortized per step) and bytes of memory per rank."""
+    """Seconds per phase (amortized per step), seconds per step outside every phase
+    (``other_s``: the job's bookkeeping and its preemption agreement) and bytes per rank."""
 
     config: PlanConfig
     phases_s: dict[str, float]
     memory_bytes: float
+    other_s: float = 0.0
 
     @property
     def step_s(self) -> float:
-        return sum(self.phases_s.values())
+        return sum(self.phases_s.values()) + self.other_s
+
+
+@dataclass(frozen=True)
+class Host:
+    """What a node gives its ranks: ``cores_per_node`` (0: enough for every rank) shared by
+    ranks of ``threads_per_rank`` threads; the job's per-step costs outside the model; the
+    synchronization waits measured at each rank count (the largest measured count <= P is
+    used; none measured: no wait)."""
+
+    cores_per_node: int = 0
+    threads_per_rank: int = 1
+    job: JobOverhead = field(default_factory=JobOverhead)
+    # (ranks, a, b): a collective after T s of compute waits max(0, a + b·T) beyond the
+    # compute's contended time and its own α-β time
+    sync: tuple[tuple[int, float, float], ...] = ()
 
 
 def _on_link(link: AlphaBeta, kind: str, nbytes: float, ranks: int) -> float:
@@ -75,6 +106,14 @@ def _on_link(link: AlphaBeta, kind: str, nbytes: float, ranks: int) -> float:
     return min(link.time_s("allreduce", nbytes, ranks), tree)
 
 
+def _inside(net: NetworkProfile, kind: str, nbytes: float, ranks: int) -> float:
+    """One collective inside a node: the fit measured for it at ``ranks`` if there is one."""
+    measured = net.measured_link(ranks, kind)
+    if measured is not None:
+        return measured.time_s(kind, nbytes, ranks)
+    return _on_link(net.intra, kind, nbytes, ranks)
+
+
 def collective_s(net: NetworkProfile, kind: str, nbytes: float, ranks: int) -> float:
     """One collective over ``ranks`` ranks packed ``net.ranks_per_node`` to a node:
     allreduce = inside the node + across nodes on 1/L of the data per rank's NIC
@@ -84,11 +123,11 @@ def collective_s(net: NetworkProfile, kind: str, nbytes: float, ranks: int) -> f
     local = min(ranks, net.ranks_per_node)
     nodes = math.ceil(ranks / local)
     if nodes == 1:
-        return _on_link(net.intra, kind, nbytes, ranks)
+        return _inside(net, kind, nbytes, ranks)
     if kind == "allreduce":
-        inside = _on_link(net.intra, kind, nbytes, local)
+        inside = _inside(net, kind, nbytes, local)
         return inside + _on_link(net.inter, kind, nbytes / local, nodes)
-    return _on_link(net.inter, kind, nbytes, nodes) + _on_link(net.intra, kind, nbytes, local)
+    return _on_link(net.inter, kind, nbytes, nodes) + _inside(net, kind, nbytes, local)
 
 
 def bucketed_allreduce_s(net: NetworkProfile, nbytes: float, ranks: int, bucket_mb: float) -> float:
@@ -107,18 +146,24 @@ class CostModel:
         shape: ModelShape,
         compute: ComputeCosts,
         network: NetworkProfile,
-        cores_per_node: int | None = None,
+        host: Host = Host(),
     ) -> None:
-        """``cores_per_node``: when ranks share CPU cores (the local machine), compute
-        slows down by ranks-on-a-node / cores once there are more ranks than cores."""
-        self.shape, self.compute, self.network = shape, compute, network
-        self.cores_per_node = cores_per_node
+        self.shape, self.compute, self.network, self.host = shape, compute, network, host
 
     def _contention(self, ranks: int) -> float:
-        if self.cores_per_node is None:
+        """Compute slows down by the threads a node's ranks run / its cores, when above 1."""
+        if not self.host.cores_per_node:
             return 1.0
         on_node = min(ranks, self.network.ranks_per_node)
-        return max(1.0, on_node / self.cores_per_node)
+        return max(1.0, on_node * self.host.threads_per_rank / self.host.cores_per_node)
+
+    def _wait(self, ranks: int, work_s: float) -> float:
+        """The wait of a collective over ``ranks`` after ``work_s`` of (uncontended) compute."""
+        fits = [fit for fit in self.host.sync if fit[0] <= ranks]
+        if ranks <= 1 or not fits:
+            return 0.0
+        _, a, b = max(fits)
+        return max(0.0, a + b * work_s)
 
     def predict(self, cfg: PlanConfig) -> Prediction:
         phases = dict.fromkeys(PHASES, 0.0)
@@ -129,56 +174,111 @@ class CostModel:
             hooked = self.compute.forward_backward_s(cfg.local_batch, kfac=True)
             forward += max(0.0, hooked[0] - forward) / cfg.factor_update_steps
             backward += max(0.0, hooked[1] - backward) / cfg.factor_update_steps
+        data = self.host.job.data_s_per_sample * cfg.local_batch
         phases["forward"], phases["backward"] = forward * slow, backward * slow
+        phases["data"] = data * slow
         grad_bytes = self.shape.params * _FLOAT_BYTES
-        # + the job's two small allreduces per step (health flags, preemption agreement)
+        # the job's stop flags ride in the gradients' allreduce (no collective of their own)
         phases["grad_allreduce"] = bucketed_allreduce_s(
             self.network, grad_bytes, cfg.ranks, cfg.bucket_mb
-        ) + 2 * collective_s(self.network, "allreduce", 8, cfg.ranks)
-        phases["optimizer"] = self.compute.optimizer_s() * slow
+        ) + self._wait(cfg.ranks, data + forward + backward)
+        optimizer = self.compute.optimizer_s()
+        phases["optimizer"] = optimizer * slow
         memory: float = (
             3 * self.shape.params + cfg.local_batch * self.shape.activations_per_sample
         ) * 4
         memory += min(grad_bytes, cfg.bucket_mb * 2**20)
+        before_agreement = optimizer
+        if cfg.method == "fosi":
+            memory += self._fosi(cfg, phases, slow, backward)
         if cfg.kfac:
-            memory += self._kfac(cfg, phases, slow)
-        return Prediction(cfg, phases, memory)
+            kfac_bytes, before_agreement = self._kfac(cfg, phases, slow)
+            memory += kfac_bytes
+            before_agreement += optimizer
+        # outside every phase: the job's bookkeeping, its preemption agreement (an allreduce
+        # of one integer) and the preconditioner's own bookkeeping around its timed phases
+        other = self.host.job.step_s * slow + collective_s(self.network, "allreduce", 4, cfg.ranks)
+        other += self._wait(cfg.ranks, before_agreement)
+        if cfg.kfac:
+            other += self.compute.kfac_overhead_s(cfg.local_batch) * slow
+        return Prediction(cfg, phases, memory, other)
 
-    def _kfac(self, cfg: PlanConfig, phases: dict[str, float], slow: float) -> float:
-        """Fill the K-FAC phases; return the K-FAC bytes per rank."""
+    def _kfac(self, cfg: PlanConfig, phases: dict[str, float], slow: float) -> tuple[float, float]:
+        """Fill the K-FAC phases; return the K-FAC bytes per rank and the (uncontended)
+        compute since the last collective when the preconditioner returns."""
         layers, p = self.shape.layers, cfg.ranks
         assert cfg.strategy is not None
         workers = round(parse_grad_worker_fraction(cfg.strategy, p) * p)
         f, i = cfg.factor_update_steps, cfg.inv_update_steps
         factor_bytes = sum(layer.factor_elements for layer in layers) * _FLOAT_BYTES
-        phases["factor_compute"] = (
-            slow * sum(self.compute.factor_s(layer, cfg.local_batch) for layer in layers) / f
-        )
+        factors = sum(self.compute.factor_s(layer, cfg.local_batch) for layer in layers)
+        # + the factors' finiteness agreement across ranks (one allreduce of a flag)
+        agreement = collective_s(self.network, "allreduce", 4, p)
+        phases["factor_compute"] = (slow * factors + agreement) / f
         phases["factor_comm"] = (
-            bucketed_allreduce_s(self.network, factor_bytes, p, cfg.bucket_mb) / f
-        )
-        eigh = [self.compute.layer_eigh_s(layer) for layer in layers]
-        phases["inverse_compute"] = slow * _max_load(eigh, p) / i
+            bucketed_allreduce_s(self.network, factor_bytes, p, cfg.bucket_mb)
+            + self._wait(p, factors)
+        ) / f
+        eigh = _max_load([self.compute.layer_eigh_s(layer) for layer in layers], p)
+        phases["inverse_compute"] = slow * eigh / i
         second_order = [
             (layer.n_a**2 + layer.n_g**2 + layer.n_a * layer.n_g) * layer.groups * _FLOAT_BYTES
             for layer in layers
         ]
         if workers > 1:
-            phases["inverse_comm"] = (
-                (workers / p)
-                * sum(collective_s(self.network, "broadcast", b, workers) for b in second_order)
-                / i
+            broadcasts = sum(
+                collective_s(self.network, "broadcast", b, workers) for b in second_order
             )
-        precondition = [self.compute.precondition_s(layer) for layer in layers]
-        phases["precondition"] = slow * _max_load(precondition, p // workers)
+            phases["inverse_comm"] = ((workers / p) * broadcasts + self._wait(p, eigh)) / i
+        precondition = _max_load(
+            [self.compute.precondition_s(layer) for layer in layers], p // workers
+        )
+        phases["precondition"] = slow * precondition
+        since_collective = precondition
         if workers < p:
             phases["grad_broadcast"] = sum(
                 collective_s(
                     self.network, "broadcast", layer.grad_elements * _FLOAT_BYTES, p // workers
                 )
                 for layer in layers
-            )
-        return factor_bytes + (workers / p) * sum(second_order)
+            ) + self._wait(p, precondition)
+            since_collective = 0.0
+        return factor_bytes + (workers / p) * sum(second_order), since_collective
+
+    def _fosi(
+        self, cfg: PlanConfig, phases: dict[str, float], slow: float, backward: float
+    ) -> float:
+        """FOSI / DHO2 (docs/fosi.md): fill ``optimizer`` and ``ese``; return the bytes per rank
+        beyond SGD's. Vectors and base state are sharded over coordinates (n/P per rank)."""
+        p, n = cfg.ranks, self.shape.params
+        pairs = cfg.fosi_k + cfg.fosi_l
+        iters = cfg.lanczos_iters if cfg.lanczos_iters is not None else 4 * pairs
+        vector = n * _FLOAT_BYTES
+        # a gather / reduce-scatter of n bytes moves half of what an allreduce of n bytes does
+        half_allreduce = 0.5 * collective_s(self.network, "allreduce", vector, p)
+        # every step: the base optimizer on the shard, projections on the k + l vectors
+        # (2 reads of V's shard), one allreduce of k + l numbers, the update gathered
+        project = 2 * pairs * (vector / p) / self._memory_rate()
+        phases["optimizer"] = slow * (self.compute.optimizer_s() / p + project)
+        phases["optimizer"] += collective_s(self.network, "allreduce", pairs * 4, p)
+        phases["optimizer"] += half_allreduce
+        # every ese_every steps: Lanczos, each iteration a Hessian-vector product (≈ 2
+        # backward passes) on the local batch, the vector gathered and the product
+        # reduce-scattered, and full reorthogonalization against the earlier vectors
+        reorth = sum(2 * j * vector / p for j in range(iters)) / self._memory_rate()
+        hvp = 2 * backward
+        ese = slow * (iters * hvp + reorth) + iters * (
+            2 * half_allreduce + collective_s(self.network, "allreduce", 8, p)
+        )
+        phases["ese"] = ese / cfg.ese_every
+        # weights and gradients whole; momentum, velocity and V sharded (SGD: momentum whole)
+        return (pairs + 2) * vector / p - vector
+
+    def _memory_rate(self) -> float:
+        """Bytes per second of elementwise traffic: the optimizer's (5 × 4 bytes per
+        parameter for SGD with momentum) over its measured or rated time."""
+        seconds = self.compute.optimizer_s()
+        return 5 * 4 * self.shape.params / seconds if seconds > 0 else float("inf")
 
 
 def _max_load(costs: list[float], bins: int) -> float:

@@ -20,6 +20,7 @@ COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("precond", ("precondition",)),
     ("grad comm", ("grad_allreduce", "grad_broadcast")),
     ("optim", ("optimizer",)),
+    ("ese", ("ese",)),
 )
 _FRACTIONS = {"kfac-comm-opt": 1.0, "kfac-hybrid-opt": 0.5}
 
@@ -54,7 +55,8 @@ def table_lines(predictions: Sequence[Prediction], memory_limit: float | None) -
         mark = "*" if id(pred) in best else " "
         row = f"{pred.config.ranks:>6}{mark} {pred.config.method:<16}{pred.step_s * _MS:>10.2f}"
         row += "".join(
-            f"{sum(pred.phases_s[p] for p in phases) * _MS:>11.2f}" for _, phases in COLUMNS
+            f"{sum(pred.phases_s.get(p, 0.0) for p in phases) * _MS:>11.2f}"
+            for _, phases in COLUMNS
         )
         memory = f"{pred.memory_bytes / _MIB:.0f}"
         if memory_limit is not None and pred.memory_bytes > memory_limit:

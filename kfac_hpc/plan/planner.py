@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from kfac_hpc.plan.compute import MeasuredCompute, RatedCompute
 from kfac_hpc.plan.errors import PlanInputError
 from kfac_hpc.plan.layers import model_shape
-from kfac_hpc.plan.model import METHODS, CostModel, PlanConfig, Prediction
+from kfac_hpc.plan.model import ALL_METHODS, CostModel, Host, PlanConfig, Prediction
+from kfac_hpc.plan.overhead import JobOverhead, measure_job_overhead
 from kfac_hpc.plan.profiles import load_profile
 
 __all__ = ["Planned", "build_cost_model", "predict_all"]
@@ -25,26 +26,38 @@ class Planned:
 
 
 def build_cost_model(
-    model: str, dataset: str, profile: str | None, calibration_ranks: Sequence[int] = (2, 4)
+    model: str,
+    dataset: str,
+    profile: str | None,
+    calibration_ranks: Sequence[int] = (2, 4),
+    overhead_batch: int = 32,
 ) -> Planned:
-    """From a profile (shipped name or TOML path), or measured on this machine when None."""
+    """From a profile (shipped name or TOML path), or measured on this machine when None
+    (``overhead_batch``: the batch of the run that measures the job's own overhead)."""
     shape = model_shape(model, dataset)
     if profile is not None:
         machine, network = load_profile(profile)
+        host = Host(
+            machine.cores_per_node,
+            machine.threads_per_rank,
+            JobOverhead(step_s=machine.step_overhead_s),
+        )
         return Planned(
-            CostModel(shape, RatedCompute(machine, shape), network),
+            CostModel(shape, RatedCompute(machine, shape), network, host),
             f"profile {profile}: {machine.name}, {network.ranks_per_node} ranks/node",
             machine.memory_bytes or None,
         )
     from kfac_hpc.plan.calibrate import local_network
 
-    network, _ = local_network(calibration_ranks)
     cores = os.cpu_count() or 1
+    network, sync, _ = local_network(calibration_ranks, cores)
+    job = measure_job_overhead(dataset, overhead_batch)
     link = network.intra
     return Planned(
-        CostModel(shape, MeasuredCompute(shape), network, cores_per_node=cores),
-        f"this machine ({cores} cores, compute measured, gloo alpha "
-        f"{link.alpha_s * 1e6:.0f} us, {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s)",
+        CostModel(shape, MeasuredCompute(shape), network, Host(cores, 1, job, sync)),
+        f"this machine ({cores} cores, 1 thread/rank, compute measured, gloo alpha "
+        f"{link.alpha_s * 1e6:.0f} us, {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s, "
+        f"job {job.step_s * 1e3:.2f} ms/step outside phases)",
         None,
     )
 
@@ -58,11 +71,13 @@ def predict_all(
     factor_update_steps: int,
     inv_update_steps: int,
     bucket_mb: float,
+    fosi_k: int = 10,
+    ese_every: int = 100,
 ) -> list[Prediction]:
     """Every (ranks, method) pair; hybrid-opt is skipped at odd rank counts > 1 (undefined)."""
     for method in methods:
-        if method not in METHODS:
-            raise PlanInputError("methods", f"{method!r} is not one of {', '.join(METHODS)}")
+        if method not in ALL_METHODS:
+            raise PlanInputError("methods", f"{method!r} is not one of {', '.join(ALL_METHODS)}")
     out = []
     for p in ranks:
         if scaling == "strong" and batch_size % p:
@@ -75,7 +90,15 @@ def predict_all(
             if method == "kfac-hybrid-opt" and p > 1 and p % 2:
                 continue
             cfg = PlanConfig(
-                method, p, batch_size, scaling, factor_update_steps, inv_update_steps, bucket_mb
+                method,
+                p,
+                batch_size,
+                scaling,
+                factor_update_steps,
+                inv_update_steps,
+                bucket_mb,
+                fosi_k=fosi_k,
+                ese_every=ese_every,
             )
             out.append(planned.model.predict(cfg))
     return out

@@ -31,6 +31,9 @@ class MachineProfile:
 
     ``eigh_flops_per_s`` counts a symmetric eigendecomposition with eigenvectors as 9·n³
     FLOPs (Golub & Van Loan); ``kernel_overhead_s`` is charged once per kernel launched.
+    ``cores_per_node`` (0: as many as ranks need) and ``threads_per_rank``: ranks on a node
+    that need more cores than it has share them, and their compute slows down by the ratio.
+    ``step_overhead_s``: the job's time per step outside every phase (its bookkeeping).
     """
 
     name: str
@@ -39,16 +42,28 @@ class MachineProfile:
     memory_bytes_per_s: float
     memory_bytes: float
     kernel_overhead_s: float = 0.0
+    cores_per_node: int = 0
+    threads_per_rank: int = 1
+    step_overhead_s: float = 0.0
 
 
 @dataclass(frozen=True)
 class NetworkProfile:
-    """Links inside a node (``intra``) and between nodes (``inter``, per rank's NIC)."""
+    """Links inside a node (``intra``) and between nodes (``inter``, per rank's NIC).
+
+    ``measured``: ``(ranks, collective, α-β)`` fitted to one collective at one rank count on
+    this machine; it gives the time of that collective over exactly that many ranks of one
+    node (instead of ``intra`` and the algorithm's step counts).
+    """
 
     name: str
     ranks_per_node: int
     intra: AlphaBeta
     inter: AlphaBeta
+    measured: tuple[tuple[int, str, AlphaBeta], ...] = ()
+
+    def measured_link(self, ranks: int, collective: str) -> AlphaBeta | None:
+        return next((ab for p, c, ab in self.measured if (p, c) == (ranks, collective)), None)
 
 
 def builtin_profiles() -> list[str]:
@@ -75,15 +90,28 @@ def _check_keys(table: dict[str, Any], section: str, allowed: set[str]) -> None:
             )
 
 
+_OPTIONAL = {"kernel_overhead_s", "cores_per_node", "threads_per_rank", "step_overhead_s"}
+_COUNTS = ("cores_per_node", "threads_per_rank")
+
+
 def _machine(name: str, table: dict[str, Any]) -> MachineProfile:
     keys = {f.name for f in fields(MachineProfile)} - {"name"}
     _check_keys(table, "machine", keys | {"device"})
-    values = {k: _number(table, "machine", k) for k in keys if k != "kernel_overhead_s"}
+    values: dict[str, Any] = {
+        k: _number(table, "machine", k) for k in keys if k not in _OPTIONAL or k in table
+    }
     for key in ("gemm_flops_per_s", "eigh_flops_per_s", "memory_bytes_per_s"):
         if values[key] == 0:
             raise PlanInputError(f"machine.{key}", "must be > 0")
-    overhead = _number(table, "machine", "kernel_overhead_s") if "kernel_overhead_s" in table else 0
-    return MachineProfile(str(table.get("device", name)), kernel_overhead_s=overhead, **values)
+    for key in _COUNTS:
+        if key in values:
+            low = 1 if key == "threads_per_rank" else 0
+            if not isinstance(table[key], int) or table[key] < low:
+                raise PlanInputError(
+                    f"machine.{key}", f"{table[key]!r} must be an integer >= {low}"
+                )
+            values[key] = int(table[key])
+    return MachineProfile(str(table.get("device", name)), **values)
 
 
 def _link(table: dict[str, Any], section: str) -> AlphaBeta:

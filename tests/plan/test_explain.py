@@ -7,8 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from kfac_hpc.cli import main
 from kfac_hpc.contracts import PHASES
+from kfac_hpc.contracts.rundir import PREDICTED
 from kfac_hpc.plan.explain import config_of_run, predicted_vs_measured
 from kfac_hpc.plan.planner import build_cost_model
 from tests.train.conftest import run_plain
@@ -30,10 +33,42 @@ def test_a_real_run_gets_predictions_beside_its_measurements(tmp_path: Path) -> 
     assert out.returncode == 0, out.stderr[-2000:]
     planned = build_cost_model("small_cnn", "digits", "a100-hdr200")
     rows = predicted_vs_measured(planned, run_dir)
-    assert set(rows) == {*PHASES, "step"}
+    assert set(rows) == {*PHASES, "other", "step"}
     run = json.loads((run_dir / "run.json").read_text())
     assert rows["forward"]["measured_s"] == pytest.approx(run["phases_s"]["forward"])
     assert rows["step"]["predicted_s"] == pytest.approx(
         sum(r["predicted_s"] for k, r in rows.items() if k != "step")
     )
     assert rows["inverse_compute"]["predicted_s"] > 0  # K-FAC is on in the quick run
+    # "other": the run's step time outside every phase, measured and predicted
+    measured_phases = sum(run["phases_s"].get(p, 0.0) for p in PHASES)
+    assert rows["other"]["measured_s"] == pytest.approx(run["step_s"]["mean"] - measured_phases)
+
+
+def test_plan_explain_writes_what_the_report_reads(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    run_dir = sweep / "runs" / "one"
+    out = run_plain(run_dir, "--steps", "12", "--inv-update-steps", "4", "--no-progress")
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = CliRunner().invoke(main, ["plan", "--explain", str(sweep), "--profile", "a100-hdr200"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((sweep / PREDICTED).read_text())
+    assert "a100-hdr200" in data["source"]
+    (entry,) = data["runs"].values()
+    assert list(data["runs"]) == ["runs/one"]
+    expected = predicted_vs_measured(
+        build_cost_model("small_cnn", "digits", "a100-hdr200"), run_dir
+    )
+    for phase in PHASES:
+        assert entry["phases_s"][phase] == pytest.approx(expected[phase]["predicted_s"])
+    assert entry["other_s"] == pytest.approx(expected["other"]["predicted_s"])
+    assert entry["step_s"] == pytest.approx(expected["step"]["predicted_s"])
+
+
+def test_plan_explain_of_a_folder_without_runs_is_bad_input(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main, ["plan", "--explain", str(tmp_path), "--profile", "a100-hdr200"]
+    )
+    assert result.exit_code == 2
+    assert result.stderr.startswith("kfac-hpc plan: error: explain:")
+    assert not (tmp_path / PREDICTED).exists()
