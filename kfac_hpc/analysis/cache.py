@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import sys
 from array import array
 from dataclasses import fields
@@ -38,6 +39,8 @@ WATCHED = ("", CONFIG, METRICS, RUN)
 # Part of every cache file's first line: files of another version or byte order never match.
 _HEADER = f"collect-cache 5 kfac-hpc {__version__} {sys.byteorder}"
 _ARRAYS = ("step_s", "wall_s", "loss")
+_STDLIB = "="  # a payload to parse with json, not orjson
+_LONG_DIGITS = re.compile(r"\d{20}")
 _INT_KEYED = ("compute_by_attempt", "spans")
 
 
@@ -80,12 +83,20 @@ def _decode_stats(data: JSON) -> WindowStats:
 
 
 def _loads(text: str) -> Any:
-    """orjson's parse, or the standard library's for what orjson refuses (NaN, which
-    :func:`encode` keeps as json writes it)."""
+    """The JSON value of ``text``: orjson's parse, or the standard library's for what orjson
+    refuses (NaN, which :func:`encode` keeps as json writes it) or would change (orjson reads an
+    integer of 20 or more digits as a float; such text is marked by :func:`_mark`)."""
+    if text.startswith(_STDLIB):
+        return json.loads(text[1:])
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
         return json.loads(text)
+
+
+def _mark(text: str) -> str:
+    """``text`` marked for the standard library's parser when it holds a run of 20 digits."""
+    return _STDLIB + text if _LONG_DIGITS.search(text) else text
 
 
 def encode(run: RunData) -> str:
@@ -168,7 +179,7 @@ class RunCache:
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(f"{self._first_line(path, sig)}\n{payload}", encoding="utf-8")
+            tmp.write_text(f"{self._first_line(path, sig)}\n{_mark(payload)}", encoding="utf-8")
             os.replace(tmp, target)
         except OSError:
             self._writable = False

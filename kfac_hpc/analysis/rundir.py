@@ -215,7 +215,9 @@ def _parse_fast(body: bytes) -> list[Any] | None:
     """Every line of ``body`` (complete lines, no trailing newline) parsed by orjson, at about
     three times the standard library's speed (benchmarks/bench_collect.py measures it). None
     when any line fails: orjson is strict (no NaN, no invalid UTF-8, no blank line), so the
-    caller then parses line by line with the standard library to keep and count what it can."""
+    caller then parses line by line with the standard library to keep and count what it can.
+    orjson reads an integer of 20 or more digits (corrupt in any record) as a float: such a
+    value then fails the int64 checks as out of range, with a note, as the integer would."""
     if not body:
         return []
     loads = orjson.loads
