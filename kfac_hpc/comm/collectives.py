@@ -76,7 +76,7 @@ class _Entry:
     """One submitted tensor and how it is packed (whole, or its upper triangle)."""
 
     name: str
-    tensor: torch.Tensor
+    tensor: torch.Tensor | None  # None on ranks that are not the bucket's destination
     symmetric: bool
     count: int  # elements it occupies in the flat buffer
 
@@ -105,11 +105,15 @@ class _BucketQueue(Generic[_KeyT, _BucketT]):
         self._open: dict[_KeyT, _BucketT] = {}
         self._launched: list[_BucketT] = []
 
+    def _cap(self, key: _KeyT) -> int:
+        """The byte size at which the bucket of ``key`` is launched."""
+        return self.bucket_cap_bytes
+
     def _enqueue(self, key: _KeyT, nbytes: int, new: Callable[[], _BucketT]) -> _BucketT:
         """The open bucket of ``key`` with room for ``nbytes`` more (launching a full one first);
         the caller adds its tensor to it and then calls :meth:`_added`."""
         bucket = self._open.get(key)
-        if bucket is not None and bucket.nbytes + nbytes > self.bucket_cap_bytes:
+        if bucket is not None and bucket.nbytes + nbytes > self._cap(key):
             self._launch(self._open.pop(key))
             bucket = None
         if bucket is None:
@@ -118,7 +122,7 @@ class _BucketQueue(Generic[_KeyT, _BucketT]):
         return bucket
 
     def _added(self, key: _KeyT) -> None:
-        if self._open[key].nbytes >= self.bucket_cap_bytes:
+        if self._open[key].nbytes >= self._cap(key):
             self._launch(self._open.pop(key))
 
     def flush(self) -> None:
@@ -155,6 +159,12 @@ class FactorAllreducer(_BucketQueue[_FactorKey, _Bucket]):
     upper triangle of square matrices travels (about half the bytes) and the full matrix is
     rebuilt on arrival; the caller guarantees symmetry. Stacks of matrices (..., n, n) are
     packed matrix by matrix.
+
+    Reductions to one rank (``dst``) are bucketed per destination with ``reduce_bucket_cap_mb``
+    (default: ``bucket_cap_mb``) and hold no reference to a submitted tensor on the other
+    ranks once its bucket is launched; a finished one is released (its buffer freed, or on
+    ``dst`` written back) at the next ``submit``, so the caller may drop such a tensor right
+    after submitting it and the transient memory stays a few buckets.
     """
 
     def __init__(
@@ -162,12 +172,21 @@ class FactorAllreducer(_BucketQueue[_FactorKey, _Bucket]):
         bucket_cap_mb: float = 25.0,
         group: ProcessGroup | None = None,
         symmetric: bool = False,
+        reduce_bucket_cap_mb: float | None = None,
     ) -> None:
         super().__init__(bucket_cap_mb, "allreduce_bucket_cap_mb")
+        cap = bucket_cap_mb if reduce_bucket_cap_mb is None else reduce_bucket_cap_mb
+        if not cap >= 0:
+            raise ValueError(f"reduce_bucket_cap_mb={cap!r} must be >= 0 (MiB)")
+        self.reduce_cap_bytes = int(cap * _MB)
         self.group = group
         self.symmetric = symmetric
         self._triangle = _Triangle()
         self._names: set[str] = set()
+        self._written: list[str] = []
+
+    def _cap(self, key: _FactorKey) -> int:
+        return self.bucket_cap_bytes if key[2] is None else self.reduce_cap_bytes
 
     @property
     def pending(self) -> bool:
@@ -205,26 +224,38 @@ class FactorAllreducer(_BucketQueue[_FactorKey, _Bucket]):
         key = (tensor.dtype, tensor.device, dst)
         nbytes = packed.numel() * packed.element_size()
         bucket = self._enqueue(key, nbytes, lambda: _Bucket(dst))
-        bucket.entries.append(_Entry(name, tensor, pack_triangle, packed.numel()))
+        kept = tensor if dst is None or dst == dist.get_rank() else None
+        bucket.entries.append(_Entry(name, kept, pack_triangle, packed.numel()))
         bucket.flats.append(packed)
         self._added(key)
+        self._release_finished()
 
     def wait(self) -> list[str]:
         """Flush, wait for every bucket and write the means back; returns the names written."""
         self.flush()
-        written: list[str] = []
-        if self._launched:
-            size = group_size(self.group)
-            rank = dist.get_rank()
-            for bucket in self._launched:
-                assert bucket.work is not None and bucket.buffer is not None
-                bucket.work.wait()
-                if bucket.dst is None or bucket.dst == rank:
-                    bucket.buffer.div_(size)
-                    written.extend(self._unpack(bucket))
+        for bucket in self._launched:
+            self._finish(bucket)
+        written = self._written
         self._launched.clear()
         self._names.clear()
+        self._written = []
         return written
+
+    def _release_finished(self) -> None:
+        """Finish the reductions to one rank whose collective is done (frees their buffers)."""
+        done = [b for b in self._launched if b.dst is not None and b.work and b.work.is_completed()]
+        for bucket in done:
+            self._finish(bucket)
+            self._launched.remove(bucket)
+
+    def _finish(self, bucket: _Bucket) -> None:
+        """Wait for ``bucket``; where it has a result, divide and write it back."""
+        assert bucket.work is not None and bucket.buffer is not None
+        bucket.work.wait()
+        if bucket.dst is None or bucket.dst == dist.get_rank():
+            bucket.buffer.div_(group_size(self.group))
+            self._written.extend(self._unpack(bucket))
+        bucket.buffer = None
 
     def _launch(self, bucket: _Bucket) -> None:
         flats = bucket.flats
@@ -243,6 +274,7 @@ class FactorAllreducer(_BucketQueue[_FactorKey, _Bucket]):
         offset = 0
         for entry in bucket.entries:
             target = entry.tensor
+            assert target is not None, "only the destination unpacks"
             values = bucket.buffer[offset : offset + entry.count]
             with torch.no_grad():
                 if entry.symmetric:

@@ -30,7 +30,7 @@ class LayerState:
     factors: LayerFactors = field(default_factory=LayerFactors)
     inputs: list[Tensor] = field(default_factory=list)  # saved when factors are not in hooks
     grads: list[Tensor] = field(default_factory=list)
-    submitted: bool = False  # this step's factors are in the allreduce
+    submitted: set[str] = field(default_factory=set)  # factors of this step in the reduction
     second_order: dict[str, SecondOrder] = field(default_factory=dict)
     outer: Tensor | None = None
     ready: bool = False
