@@ -36,39 +36,32 @@ class _Triangle:
     """Pack the upper triangle of n×n matrices (stacks (..., n, n) matrix by matrix) into
     n(n+1)/2 values each, and rebuild the full symmetric matrices from them.
 
-    Uses flat indices with ``index_select``/``index_copy_``, several times faster than 2-D
-    advanced indexing; the indices are cached per (n, device).
+    Selects with a cached boolean mask of the upper triangle per (n, device): n² bytes, an
+    eighth of the int64 flat indices an ``index_select`` would keep resident (2.6 MiB for
+    n = 577), at about 1 ms more per such matrix.
     """
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._cache: dict[tuple[int, torch.device], torch.Tensor] = {}
 
-    def _indices(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Flat positions of the upper triangle (row-major) and of its mirror image."""
+    def _mask(self, n: int, device: torch.device) -> torch.Tensor:
+        """True on and above the diagonal of an n×n matrix."""
         key = (n, device)
         if key not in self._cache:
-            rows, cols = torch.triu_indices(n, n, device=device)
-            self._cache[key] = (rows * n + cols, cols * n + rows)
+            self._cache[key] = torch.ones(n, n, dtype=torch.bool, device=device).triu_()
         return self._cache[key]
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        n = tensor.shape[-1]
-        upper, _ = self._indices(n, tensor.device)
-        return tensor.detach().reshape(-1, n * n).index_select(1, upper).reshape(-1)
+        """The upper triangles, row by row, matrix by matrix (a new 1-D tensor)."""
+        return torch.masked_select(tensor.detach(), self._mask(tensor.shape[-1], tensor.device))
 
     def unpack(self, values: torch.Tensor, target: torch.Tensor) -> None:
         """Write the symmetric matrices whose upper triangles are ``values`` into ``target``."""
-        n = target.shape[-1]
-        upper, lower = self._indices(n, target.device)
-        contiguous = target.is_contiguous()
-        # the flat view needs contiguous memory (empty_like would keep target's strides)
-        out = target.detach() if contiguous else target.new_empty(target.shape)
-        flat = out.view(-1, n * n)
-        triangles = values.view(flat.shape[0], -1)
-        flat.index_copy_(1, upper, triangles)
-        flat.index_copy_(1, lower, triangles)
-        if not contiguous:
-            target.detach().copy_(out)
+        mask = self._mask(target.shape[-1], target.device).expand(target.shape)
+        out = target.detach()
+        out.masked_scatter_(mask, values)
+        # the transposed view walks the lower triangle in the order the values are in
+        out.mT.masked_scatter_(mask, values)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from kfac_hpc.comm import (
 )
 from kfac_hpc.contracts.phases import KFAC_PHASES
 from kfac_hpc.optim.compute import SecondOrder, make_method
-from kfac_hpc.optim.factor_streams import FactorStreams
+from kfac_hpc.optim.factor_reduction import FactorReduction
 from kfac_hpc.optim.factors import LayerFactors
 from kfac_hpc.optim.kfac_state import KFACStateMixin
 from kfac_hpc.optim.layer_state import LayerState
@@ -142,7 +142,7 @@ class KFACPreconditioner(KFACStateMixin):
         self.last_timings = dict.fromkeys(PHASES, 0.0)
         self._grad_multiplier: float | None = None
         self._capture = self.options.is_factor_step(0)
-        self.reducer = FactorStreams(
+        self.reducer = FactorReduction(
             list(self.states.values()),
             self.options.allreduce_bucket_cap_mb,
             self.options.symmetry_aware,
@@ -224,31 +224,31 @@ class KFACPreconditioner(KFACStateMixin):
         if not self._capturing(module) or not isinstance(out, Tensor) or not out.requires_grad:
             return
         state = self.states[name]
-        self._check_not_submitted(state, "A")
         if self.options.update_factors_in_hook:
-            with self._no_autocast(out):
-                state.factors.add_a(
-                    state.layer.a_factor(inputs[0], self._factor_dtype(state.layer))
-                )
-            if state.factors.count_a == self.options.accumulation_steps:
-                self.reducer.a.mark_ready(state)  # reduced while the forward pass goes on
-        else:
-            state.inputs.append(inputs[0].detach())
+            self._check_runs(state, len(state.inputs) + state.factors.count_a)
+        # With hook updates A is computed in the output-gradient hook, from the input autograd
+        # keeps anyway for the weight gradient: no statistics exist while the activations peak.
+        state.inputs.append(inputs[0].detach())
         out.register_hook(partial(self._on_output_grad, state))
 
     def _on_output_grad(self, state: LayerState, grad: Tensor) -> None:
         if not self.options.update_factors_in_hook:
             state.grads.append(grad.detach())
             return
-        self._check_not_submitted(state, "G")
         layer, factors = state.layer, state.factors
+        self._check_runs(state, factors.count_g)
+        dtype = self._factor_dtype(layer)
         with self._no_autocast(grad):
-            factors.add_g(layer.g_factor(grad, self._multiplier(), self._factor_dtype(layer)))
+            for x in state.inputs:
+                factors.add_a(layer.a_factor(x, dtype))
+            state.inputs.clear()
+            factors.add_g(layer.g_factor(grad, self._multiplier(), dtype))
         if factors.count_g == self.options.accumulation_steps:
-            self.reducer.g.mark_ready(state)  # launches full buckets: overlaps backward
+            self.reducer.mark_ready(state)  # launches full buckets: overlaps backward
 
-    def _check_not_submitted(self, state: LayerState, key: str) -> None:
-        if key in state.submitted:
+    def _check_runs(self, state: LayerState, seen: int) -> None:
+        """Raise when a layer runs once more after ``seen`` of accumulation_steps runs."""
+        if seen >= self.options.accumulation_steps:
             raise RuntimeError(
                 f"K-FAC layer {state.name} ran more than accumulation_steps="
                 f"{self.options.accumulation_steps} times in one step; with a module used "
@@ -342,8 +342,6 @@ class KFACPreconditioner(KFACStateMixin):
             decay = self._value("factor_decay")
             for s in states:
                 s.factors.commit(decay, s.keeps("A", self.rank), s.keeps("G", self.rank))
-        for s in self.states.values():
-            s.submitted.clear()
 
     # ----------------------------------------------------------------- second order
     def _update_second_order(self, timings: dict[str, float]) -> None:
