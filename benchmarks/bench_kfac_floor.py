@@ -1,29 +1,37 @@
-"""K-FAC step time against its floor, from real consecutive steps: one command.
+"""K-FAC step time against its floor, from real consecutive steps, in short invocations.
 
-    .venv/bin/python benchmarks/bench_kfac_floor.py [--rounds 3] [--steps 110] [--every-steps 20]
+    .venv/bin/python benchmarks/bench_kfac_floor.py --fresh --parts   # start; floor parts
+    .venv/bin/python benchmarks/bench_kfac_floor.py --round           # run 3 times (or more)
+    .venv/bin/python benchmarks/bench_kfac_floor.py --report          # medians of the rounds
 
-CIFAR ResNet-32 shapes, batch 64, 2 threads, CPU, SGD with momentum, eigen method. Each round
-runs, one after the other, ``--steps`` consecutive steps of plain SGD, of SGD+K-FAC with
-factors every 10 steps and eigendecompositions every 100 (expand and reduce), and
-``--every-steps`` consecutive steps with both every step (expand and reduce). Step 0 of every
-trainer is the warm-up; with 110 steps per round each 10/100 round holds 11 factor steps and
-exactly one eigendecomposition step. A ratio is the mean step of a configuration over the mean
-SGD step of the same round; the median of the rounds is printed with their min and max.
+Each invocation takes a few minutes on the 2-core host (one round, or the floor parts), so a
+benchmark holding the machine's quiet lock never holds it long; the invocations accumulate in
+benchmarks/results/bench_kfac_floor.rounds.json and ``--report`` summarises them. With no
+mode flag the script records the floor parts if none are recorded, runs one round and reports.
+
+CIFAR ResNet-32 shapes, batch 64, 2 threads, CPU, SGD with momentum, eigen method. A round
+runs, one after the other in one process, ``--steps`` consecutive steps of plain SGD, of
+SGD+K-FAC with factors every 10 steps and eigendecompositions every 100 (expand and reduce),
+and ``--every-steps`` consecutive steps with both every step (expand and reduce). Step 0 of
+every trainer is the warm-up; with 110 steps each 10/100 run holds 11 factor steps and exactly
+one eigendecomposition step. A ratio is the mean step of a configuration over the mean SGD step
+of the same round; the report prints the median of the rounds' ratios with their min and max
+(rounds are interleaved: each holds every configuration) and each round's load average.
 
 The floor of expand K-FAC is SGD's step plus the factor products of the executed shapes (the
 upper block triangles that layers.py computes) at the rate ``torch.matmul`` reaches on the
 full products of the same shapes, plus the eigendecompositions of every factor (measured
 here), amortised over the mix: 1/10 of the products and 1/100 of the decompositions per step at
-10/100, all of them at 1/1.
+10/100, all of them at 1/1 (the medians of the recorded ``--parts``).
 
 Factor rate: executed GFLOP/s (FLOPs actually run) and effective GFLOP/s (2·M·n² per factor),
 next to ``torch.matmul`` of the same (n × M)·(M × n) shapes.
 
-kfac_pytorch side by side: the script tries ``pip install --no-deps kfac-pytorch`` into a
+kfac_pytorch side by side: the first round tries ``pip install --no-deps kfac-pytorch`` into a
 throwaway directory (never a project dependency) and runs it with the same options; where the
-package index cannot provide it, it says so and skips that row.
+package index cannot provide it, the round records why and that row is skipped.
 
-Prints everything and writes benchmarks/results/bench_kfac_floor.json.
+``--report`` writes benchmarks/results/bench_kfac_floor.json.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -50,6 +58,7 @@ from kfac_hpc.optim import KFACPreconditioner
 from kfac_hpc.optim.layers import _block_edges
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_kfac_floor.json"
+RECORD = RESULTS.with_suffix(".rounds.json")
 SPARSE = {"factor_update_steps": 10, "inv_update_steps": 100}
 EVERY = {"factor_update_steps": 1, "inv_update_steps": 1}
 TARGETS = {
@@ -81,28 +90,25 @@ def _summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def bench_steps(rounds: int, steps: int, every_steps: int, foreign: Any) -> dict[str, Any]:
-    trainers: dict[str, Trainer] = {
-        "sgd": Trainer(),
-        "expand_10_100": Trainer(**SPARSE),
-        "reduce_10_100": Trainer(**SPARSE, kfac_approx="reduce"),
-        "expand_1_1": Trainer(**EVERY),
-        "reduce_1_1": Trainer(**EVERY, kfac_approx="reduce"),
+def bench_round(steps: int, every_steps: int, foreign: Any) -> dict[str, float]:
+    """Mean seconds per step of every configuration, run one after the other."""
+    trainers: dict[str, Callable[[], Trainer]] = {
+        "sgd": Trainer,
+        "expand_10_100": lambda: Trainer(**SPARSE),
+        "reduce_10_100": lambda: Trainer(**SPARSE, kfac_approx="reduce"),
+        "expand_1_1": lambda: Trainer(**EVERY),
+        "reduce_1_1": lambda: Trainer(**EVERY, kfac_approx="reduce"),
     }
     if foreign is not None:
-        trainers["kfac_pytorch_10_100"] = ForeignTrainer(foreign, **SPARSE)
-        trainers["kfac_pytorch_1_1"] = ForeignTrainer(foreign, **EVERY)
-    for trainer in trainers.values():
+        trainers["kfac_pytorch_10_100"] = lambda: ForeignTrainer(foreign, **SPARSE)
+        trainers["kfac_pytorch_1_1"] = lambda: ForeignTrainer(foreign, **EVERY)
+    step_s: dict[str, float] = {}
+    for name, make in trainers.items():
+        trainer = make()
         trainer.step()  # warm-up: allocator, the first factors and decompositions
-    per_round: dict[str, list[float]] = {name: [] for name in trainers}
-    for index in range(rounds):
-        for name, trainer in trainers.items():
-            n = every_steps if name.endswith("1_1") else steps
-            per_round[name].append(_consecutive(trainer, n))
-        sgd = per_round["sgd"][-1]
-        shown = ", ".join(f"{k} {v[-1] / sgd:.2f}x" for k, v in per_round.items() if k != "sgd")
-        print(f"  round {index + 1}: SGD {sgd * 1e3:.0f} ms; {shown}", flush=True)
-    return {"step_s": per_round}
+        step_s[name] = _consecutive(trainer, every_steps if name.endswith("1_1") else steps)
+        print(f"  {name:<20} {step_s[name] * 1e3:8.1f} ms/step", flush=True)
+    return step_s
 
 
 def _factor_shapes(pre: KFACPreconditioner, captured: dict[str, Any]) -> list[tuple[int, int, int]]:
@@ -206,19 +212,74 @@ def _foreign_module(skip: bool) -> tuple[Any, str]:
     return importlib.import_module("kfac.preconditioner"), "installed"
 
 
+def _load_average() -> list[float]:
+    return [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"bench_kfac_floor: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _recorded(settings: dict[str, int], fresh: bool) -> dict[str, Any]:
+    """The accumulated invocations (a new record with ``fresh`` or when there is none)."""
+    if fresh or not RECORD.exists():
+        return {"schema": 2, "settings": settings, "rounds": [], "parts": []}
+    record: dict[str, Any] = json.loads(RECORD.read_text())
+    for key, value in settings.items():
+        if record["settings"].get(key) != value:
+            _fail(
+                f"--{key.replace('_', '-')}={value} differs from the {record['settings'].get(key)} "
+                f"of the recorded rounds in {RECORD.name}; pass --fresh to start a new record"
+            )
+    return record
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    parser.add_argument("--steps", type=int, default=110, help="steps per 10/100 round")
-    parser.add_argument("--every-steps", type=int, default=20, help="steps per 1/1 round")
+    parser.add_argument("--round", action="store_true", help="run one round of every config")
+    parser.add_argument("--parts", action="store_true", help="measure the floor's parts")
+    parser.add_argument("--report", action="store_true", help="summarise the recorded rounds")
+    parser.add_argument("--fresh", action="store_true", help="start a new record")
+    parser.add_argument("--steps", type=int, default=110, help="steps per 10/100 run")
+    parser.add_argument("--every-steps", type=int, default=20, help="steps per 1/1 run")
     parser.add_argument("--no-kfac-pytorch", action="store_true", help="skip kfac_pytorch")
     args = parser.parse_args()
+    if args.steps < 1 or args.every_steps < 1:
+        _fail("--steps and --every-steps must be >= 1")
     torch.set_num_threads(THREADS)
-    started = time.perf_counter()
-    foreign, foreign_status = _foreign_module(args.no_kfac_pytorch)
-    parts = bench_floor_parts(repeats=5)
-    steps = bench_steps(args.rounds, args.steps, args.every_steps, foreign)["step_s"]
+    settings = {"steps": args.steps, "every_steps": args.every_steps}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    record = _recorded(settings, args.fresh)
+    default = not (args.round or args.parts or args.report)
+    if args.parts or (default and not record["parts"]):
+        load = _load_average()
+        record["parts"].append({"load_avg": load, **bench_floor_parts(repeats=5)})
+        RECORD.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"floor parts recorded ({len(record['parts'])} in all)")
+    if args.round or default:
+        foreign, record["kfac_pytorch"] = _foreign_module(args.no_kfac_pytorch)
+        load = _load_average()
+        print(f"round {len(record['rounds']) + 1} (load average {load[0]:.2f}):", flush=True)
+        step_s = bench_round(args.steps, args.every_steps, foreign)
+        record["rounds"].append({"load_avg": load, "step_s": step_s})
+        RECORD.write_text(json.dumps(record, indent=2) + "\n")
+    if args.report or default:
+        if not record["rounds"] or not record["parts"]:
+            _fail("nothing to report: record the floor parts (--parts) and rounds (--round)")
+        result = summarise(record)
+        RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+        _print(result)
+
+
+def summarise(record: dict[str, Any]) -> dict[str, Any]:
+    """Per-round ratios (median, min, max over rounds) and the floor of each round."""
+    rounds = record["rounds"]
+    names = [n for n in rounds[0]["step_s"] if all(n in r["step_s"] for r in rounds)]
+    steps = {name: [r["step_s"][name] for r in rounds] for name in names}
     sgd = steps["sgd"]
+    parts_keys = [k for k in record["parts"][0] if k != "load_avg"]
+    parts = {k: statistics.median(p[k] for p in record["parts"]) for k in parts_keys}
     ratios = {
         name: _summary([t / s for t, s in zip(times, sgd, strict=True)])
         for name, times in steps.items()
@@ -234,28 +295,26 @@ def main() -> None:
         name: _summary([t / f for t, f in zip(steps[name], fl, strict=True)])
         for name, fl in floors.items()
     }
-    result = {
-        "schema": 1,
+    return {
+        "schema": 2,
         "benchmark": "kfac_floor",
         "model": "resnet32",
         "batch": BATCH,
         "threads": THREADS,
-        "rounds": args.rounds,
-        "steps_10_100": args.steps,
-        "steps_1_1": args.every_steps,
+        "rounds": len(rounds),
+        "steps_10_100": record["settings"]["steps"],
+        "steps_1_1": record["settings"]["every_steps"],
         "torch": torch.__version__,
+        "load_avg_per_round": [r["load_avg"] for r in rounds],
+        "load_avg_per_parts": [p["load_avg"] for p in record["parts"]],
         "step_s": steps,
         "floor_s": floors,
         "ratio_vs_sgd": ratios,
         "ratio_vs_floor": vs_floor,
-        "kfac_pytorch": foreign_status,
+        "kfac_pytorch": record.get("kfac_pytorch", "not tried"),
         **parts,
         "targets": TARGETS,
-        "wall_s": time.perf_counter() - started,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    _print(result)
 
 
 def _fmt(s: dict[str, float]) -> str:
@@ -298,7 +357,11 @@ def _print(r: dict[str, Any]) -> None:
         f"GFLOP/s; executed/matmul {r['executed_vs_matmul']:.0%} (target >= 90%)"
     )
     print(f"  eigendecompositions of every factor: {r['eigh_all_s'] * 1e3:.0f} ms")
-    print(f"  wall {r['wall_s']:.0f} s; wrote {RESULTS}")
+    loads = ", ".join(f"{v[0]:.2f}" for v in r["load_avg_per_round"])
+    print(f"  load average (1 min) at the start of each round: {loads}")
+    if r["rounds"] < 3:
+        print(f"  only {r['rounds']} round(s) recorded: run --round until there are >= 3")
+    print(f"  wrote {RESULTS}")
 
 
 if __name__ == "__main__":

@@ -47,35 +47,47 @@ class LayerFactors:
         self.pending_g = g if self.pending_g is None else self.pending_g.add_(g)
         self.count_g += 1
 
-    def has_pending(self) -> bool:
-        return self.pending_a is not None and self.pending_g is not None
+    def pending(self, key: str) -> Tensor | None:
+        """The pending sum of factor ``key`` ("A" or "G"), None where there is none."""
+        return self.pending_a if key == "A" else self.pending_g
 
-    def batch_factors(self) -> tuple[Tensor, Tensor]:
-        """The pending A and G averaged over the micro-batches (in place; call once)."""
-        assert self.pending_a is not None and self.pending_g is not None
-        if self.count_a > 1:
-            self.pending_a.div_(self.count_a)
-        if self.count_g > 1:
-            self.pending_g.div_(self.count_g)
-        self.count_a = self.count_g = 1
-        return self.pending_a, self.pending_g
+    def set_pending(self, key: str, value: Tensor, count: int) -> None:
+        if key == "A":
+            self.pending_a, self.count_a = value, count
+        else:
+            self.pending_g, self.count_g = value, count
+
+    def drop_pending(self, key: str) -> None:
+        """Forget the pending sum of ``key`` (it was sent to the rank that keeps the factor)."""
+        if key == "A":
+            self.pending_a = None
+        else:
+            self.pending_g = None
 
     def clear_pending(self) -> None:
         self.pending_a = self.pending_g = None
         self.count_a = self.count_g = 0
 
     def commit(self, decay: float, keep_a: bool = True, keep_g: bool = True) -> None:
-        """Fold the averaged pending statistics into the running averages this rank keeps
-        (``keep_a``/``keep_g``); the others are not held here (None)."""
-        a_new, g_new = self.batch_factors()
+        """Fold the pending statistics, averaged over the micro-batches, into the running
+        averages this rank keeps (``keep_a``/``keep_g``, which need their pending sum); the
+        others are not held here (None)."""
         # lerp: α F + (1 − α) F_batch in one pass, into a new tensor: a running factor is
         # never modified in place, so a checkpoint written in the background may hold it.
         if keep_a:
-            self.A = a_new.clone() if self.A is None else self.A.lerp(a_new, 1 - decay)
+            self.A = _folded(self.A, self.pending_a, self.count_a, decay)
         if keep_g:
-            self.G = g_new.clone() if self.G is None else self.G.lerp(g_new, 1 - decay)
+            self.G = _folded(self.G, self.pending_g, self.count_g, decay)
         self.updated = True
         self.clear_pending()
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.A, self.G) if t is not None)
+
+
+def _folded(running: Tensor | None, pending: Tensor | None, count: int, decay: float) -> Tensor:
+    """The new running average from the pending sum of ``count`` micro-batches."""
+    assert pending is not None, "a kept factor has its pending statistics"
+    if count > 1:
+        pending.div_(count)
+    return pending if running is None else running.lerp(pending, 1 - decay)

@@ -28,9 +28,8 @@ class LayerState:
 
     layer: KFACLayer
     factors: LayerFactors = field(default_factory=LayerFactors)
-    inputs: list[Tensor] = field(default_factory=list)  # saved when factors are not in hooks
+    inputs: list[Tensor] = field(default_factory=list)  # inputs whose A is not computed yet
     grads: list[Tensor] = field(default_factory=list)
-    submitted: bool = False  # this step's factors are in the allreduce
     second_order: dict[str, SecondOrder] = field(default_factory=dict)
     outer: Tensor | None = None
     ready: bool = False

@@ -27,13 +27,13 @@ from kfac_hpc.comm import (
     AssignmentStrategy,
     AsyncBroadcaster,
     DistributionStrategy,
-    FactorAllreducer,
     KAISAAssignment,
     KAISAGroups,
     any_rank,
 )
 from kfac_hpc.contracts.phases import KFAC_PHASES
 from kfac_hpc.optim.compute import SecondOrder, make_method
+from kfac_hpc.optim.factor_reduction import FactorReduction
 from kfac_hpc.optim.factors import LayerFactors
 from kfac_hpc.optim.kfac_state import KFACStateMixin
 from kfac_hpc.optim.layer_state import LayerState
@@ -126,9 +126,6 @@ class KFACPreconditioner(KFACStateMixin):
             self.options.colocate_factors,
         )
         self.groups = KAISAGroups.create(self.assignment, self.rank)
-        self.reducer = FactorAllreducer(
-            self.options.allreduce_bucket_cap_mb, symmetric=self.options.symmetry_aware
-        )
         self.method = make_method(
             ComputeMethod(self.options.compute_method),
             self.options.inv_dtype,
@@ -145,14 +142,14 @@ class KFACPreconditioner(KFACStateMixin):
         self.last_timings = dict.fromkeys(PHASES, 0.0)
         self._grad_multiplier: float | None = None
         self._capture = self.options.is_factor_step(0)
-        # Factors travel in reverse registration order (the usual order of backward), never in
-        # hook order: the bucket layout is then the same on every rank even when a layer's
-        # hook fires on some ranks only (see _submit_ready and _submit_rest).
-        self._order = list(reversed(self.states.values()))
-        self._cursor = 0
-        self._ready: set[str] = set()
-        self._fired: set[str] = set()
-        self._fired_flags = torch.zeros(0, dtype=torch.float64)
+        self.reducer = FactorReduction(
+            list(self.states.values()),
+            self.options.allreduce_bucket_cap_mb,
+            self.options.symmetry_aware,
+            self.world_size,
+            self.rank,
+            self.options.factor_dtype,
+        )
         self._handles: list[RemovableHandle] = [
             s.layer.module.register_forward_hook(partial(self._on_forward, name))
             for name, s in self.states.items()
@@ -227,73 +224,31 @@ class KFACPreconditioner(KFACStateMixin):
         if not self._capturing(module) or not isinstance(out, Tensor) or not out.requires_grad:
             return
         state = self.states[name]
-        self._check_not_submitted(state)
         if self.options.update_factors_in_hook:
-            with self._no_autocast(out):
-                state.factors.add_a(
-                    state.layer.a_factor(inputs[0], self._factor_dtype(state.layer))
-                )
-        else:
-            state.inputs.append(inputs[0].detach())
+            self._check_runs(state, len(state.inputs) + state.factors.count_a)
+        # With hook updates A is computed in the output-gradient hook, from the input autograd
+        # keeps anyway for the weight gradient: no statistics exist while the activations peak.
+        state.inputs.append(inputs[0].detach())
         out.register_hook(partial(self._on_output_grad, state))
 
     def _on_output_grad(self, state: LayerState, grad: Tensor) -> None:
         if not self.options.update_factors_in_hook:
             state.grads.append(grad.detach())
             return
-        self._check_not_submitted(state)
         layer, factors = state.layer, state.factors
+        self._check_runs(state, factors.count_g)
+        dtype = self._factor_dtype(layer)
         with self._no_autocast(grad):
-            factors.add_g(layer.g_factor(grad, self._multiplier(), self._factor_dtype(layer)))
-        if factors.count_g == self.options.accumulation_steps and factors.has_pending():
-            self._ready.add(state.name)
-            self._submit_ready()  # launches full buckets: overlaps the rest of backward
+            for x in state.inputs:
+                factors.add_a(layer.a_factor(x, dtype))
+            state.inputs.clear()
+            factors.add_g(layer.g_factor(grad, self._multiplier(), dtype))
+        if factors.count_g == self.options.accumulation_steps:
+            self.reducer.mark_ready(state)  # launches full buckets: overlaps backward
 
-    def _submit_ready(self) -> None:
-        """Submit the layers that are next in the fixed order and ready; a layer that is not
-        ready yet holds back the ones after it (until step() at the latest)."""
-        while self._cursor < len(self._order) and self._order[self._cursor].name in self._ready:
-            self._fired.add(self._order[self._cursor].name)
-            self._submit(self._order[self._cursor])
-            self._cursor += 1
-
-    def _submit_rest(self) -> None:
-        """Submit every layer not yet submitted, in the fixed order: one that saw no batch on
-        this rank travels as zeros, and a last tensor counts the ranks that saw each
-        layer, so ``_rescale_partial`` averages a layer over the ranks that ran it."""
-        steps = self.options.accumulation_steps
-        for state in self._order[self._cursor :]:
-            factors = state.factors
-            if factors.has_pending():
-                self._fired.add(state.name)
-            else:
-                shape_a, shape_g = state.layer.factor_shapes
-                dtype, device = self._factor_dtype(state.layer), state.layer.weight.device
-                factors.pending_a = torch.zeros(shape_a, dtype=dtype, device=device)
-                factors.pending_g = torch.zeros(shape_g, dtype=dtype, device=device)
-                factors.count_a = factors.count_g = steps
-            self._submit(state)
-        self._cursor = len(self._order)
-        device = self._order[0].layer.weight.device if self._order else torch.device("cpu")
-        self._fired_flags = torch.tensor(
-            [float(s.name in self._fired) for s in self._order], dtype=torch.float64, device=device
-        )
-        self.reducer.submit("__ranks_with_layer__", self._fired_flags, symmetric=False)
-
-    def _rescale_partial(self) -> None:
-        """After the allreduce: a layer seen by k of P ranks holds sum/P; make it sum/k, and
-        drop a layer no rank saw (its running factors stay as they were)."""
-        counts = (self._fired_flags * self.world_size).round().tolist()
-        for state, count in zip(self._order, counts, strict=True):
-            if count == 0:
-                state.factors.clear_pending()
-            elif count < self.world_size:
-                assert state.factors.pending_a is not None and state.factors.pending_g is not None
-                state.factors.pending_a.mul_(self.world_size / count)
-                state.factors.pending_g.mul_(self.world_size / count)
-
-    def _check_not_submitted(self, state: LayerState) -> None:
-        if state.submitted:
+    def _check_runs(self, state: LayerState, seen: int) -> None:
+        """Raise when a layer runs once more after ``seen`` of accumulation_steps runs."""
+        if seen >= self.options.accumulation_steps:
             raise RuntimeError(
                 f"K-FAC layer {state.name} ran more than accumulation_steps="
                 f"{self.options.accumulation_steps} times in one step; with a module used "
@@ -314,14 +269,6 @@ class KFACPreconditioner(KFACStateMixin):
             scale = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
             self._grad_multiplier = self.options.accumulation_steps / scale
         return self._grad_multiplier
-
-    def _submit(self, state: LayerState) -> None:
-        factors = state.factors
-        assert factors.pending_a is not None and factors.pending_g is not None
-        # to the ranks that keep the factor (owner-only under MEM-OPT/HYBRID-OPT)
-        self.reducer.submit(f"{state.name}/A", factors.pending_a, dst=state.reduce_dst("A"))
-        self.reducer.submit(f"{state.name}/G", factors.pending_g, dst=state.reduce_dst("G"))
-        state.submitted = True
 
     # ----------------------------------------------------------------- the step
     def step(self) -> None:
@@ -357,15 +304,11 @@ class KFACPreconditioner(KFACStateMixin):
     def _update_factors(self, timings: dict[str, float]) -> None:
         with self._timed(timings, "factor_compute"):
             self._compute_saved_factors()
-            self._submit_rest()
+            self.reducer.submit_rest(self.options.accumulation_steps)
         with self._timed(timings, "factor_comm"):
-            self.reducer.wait()
+            live = self.reducer.wait()
         with self._timed(timings, "factor_compute"):
-            self._rescale_partial()
-            self._commit_factors()
-        self._cursor = 0
-        self._ready.clear()
-        self._fired.clear()
+            self._commit_factors(live)
 
     def _compute_saved_factors(self) -> None:
         """Factors from inputs/output gradients saved during the step (hook updates off)."""
@@ -380,13 +323,13 @@ class KFACPreconditioner(KFACStateMixin):
             state.inputs.clear()
             state.grads.clear()
 
-    def _commit_factors(self) -> None:
-        """Fold this step's statistics into the running averages, unless any rank saw inf/NaN
-        in them or in a gradient (one host sync for all layers)."""
-        states = [s for s in self.states.values() if s.submitted and s.factors.has_pending()]
-        checked: list[Tensor] = []
-        for s in states:
-            checked += [s.factors.pending_a, s.factors.pending_g]  # type: ignore[list-item]
+    def _commit_factors(self, states: list[LayerState]) -> None:
+        """Fold this step's statistics of ``states`` into the running averages, unless any rank
+        saw inf/NaN in them (each is checked on the ranks that received it) or in a gradient
+        (one host sync for all layers)."""
+        checked = [
+            t for s in states for t in (s.factors.pending_a, s.factors.pending_g) if t is not None
+        ]
         checked += [p.grad for p in self.model.parameters() if p.grad is not None]
         finite = (
             bool(torch.stack([torch.isfinite(t).all() for t in checked]).all()) if checked else True
@@ -399,8 +342,6 @@ class KFACPreconditioner(KFACStateMixin):
             decay = self._value("factor_decay")
             for s in states:
                 s.factors.commit(decay, s.keeps("A", self.rank), s.keeps("G", self.rank))
-        for s in self.states.values():
-            s.submitted = False
 
     # ----------------------------------------------------------------- second order
     def _update_second_order(self, timings: dict[str, float]) -> None:

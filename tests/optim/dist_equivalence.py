@@ -101,11 +101,13 @@ def run_config(options: dict[str, Any], rank: int, world: int) -> dict[str, Any]
     grads: list[list[torch.Tensor]] = []
     factors: list[dict[str, torch.Tensor]] = []
     in_flight: list[int] = []
+    pending_after_backward: list[list[str]] = []
     for _ in range(STEPS):
         model.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         # factor buckets launched from the backward hooks, before step(): the overlap
         in_flight.append(kfac.reducer.buckets_in_flight)
+        pending_after_backward.append(sorted(pending_statistics(kfac)))
         for p in model.parameters():  # the DDP contract: the mean gradient of the global batch
             if world > 1:
                 dist.all_reduce(grad_of(p))
@@ -122,6 +124,7 @@ def run_config(options: dict[str, Any], rank: int, world: int) -> dict[str, Any]
         "factors": factors,
         "memory": kfac.memory_usage(),
         "buckets_in_flight_after_backward": in_flight,
+        "pending_after_backward": pending_after_backward,
         "second_order_layers": sorted(kfac.second_order),
         "grad_worker_layers": sorted(
             n for n in kfac.layers if kfac.assignment.is_grad_worker(n, rank)
@@ -135,6 +138,16 @@ def run_config(options: dict[str, Any], rank: int, world: int) -> dict[str, Any]
             if kfac.assignment.inverse_worker(n, key) == rank
         ),
     }
+
+
+def pending_statistics(kfac: KFACPreconditioner) -> list[str]:
+    """ "layer/A" for every statistic of the current step this rank holds."""
+    return [
+        f"{name}/{key}"
+        for name, f in kfac.factors.items()
+        for key, pending in (("A", f.pending_a), ("G", f.pending_g))
+        if pending is not None
+    ]
 
 
 def held_factor_tensors(kfac: KFACPreconditioner) -> list[str]:

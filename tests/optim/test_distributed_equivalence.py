@@ -152,6 +152,19 @@ def test_mem_opt_non_owners_hold_no_factor_tensors(out_dir: Path) -> None:
     assert sum(1 for mine in held if len(mine) < len(every)) == 4
 
 
+def test_mem_opt_non_owners_drop_statistics_during_backward(out_dir: Path) -> None:
+    """MEM-OPT at 4 ranks: when ``backward()`` returns (before ``step()``), a rank holds this
+    step's statistics of only the factors it decomposes (the others were reduced to their
+    owners and dropped from the hooks); COMM-OPT holds every statistic on every rank."""
+    ranks = run(4, out_dir)
+    assert len(ranks) == 4
+    every = sorted(ranks[0]["comm_eigen"]["held_factors"])
+    for results in ranks:
+        assert all(p == every for p in results["comm_eigen"]["pending_after_backward"])
+        mine = results["mem_eigen"]["inverse_worker_of"]
+        assert all(p == mine for p in results["mem_eigen"]["pending_after_backward"]), mine
+
+
 def test_hybrid_opt_holds_each_layer_on_one_row(out_dir: Path) -> None:
     """HYBRID-OPT at 4 ranks (rows of 2): second-order bytes over all ranks = 2 COMM-OPT ranks."""
     ranks = run(4, out_dir)
