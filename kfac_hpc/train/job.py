@@ -97,7 +97,9 @@ class Job:
         self.wall_base_s = 0.0
         self.fault = fault_plan()
         torch.manual_seed(config.seed)
-        self.model: nn.Module = build_model(config.model, data.shape, data.num_classes)
+        self.model: nn.Module = build_model(
+            config.model, data.shape, data.num_classes, config.cnn1d_channels
+        )
         self.model.to(ctx.device)
         self.method = build_method(
             method_name(config), MethodSetup(config, self.model, self.world_size)
