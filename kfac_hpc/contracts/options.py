@@ -355,6 +355,15 @@ RUN_OPTIONS: tuple[Option, ...] = (
     ),
     _o("stop_at_target", "bool", False, "stop once --target-accuracy is reached"),
     _o(
+        "eval_every_steps",
+        "int",
+        0,
+        "steps between test evaluations besides the one at every epoch end (0: epoch ends only)",
+        unit="steps",
+        check="nonnegative",
+        maximum=10**9,
+    ),
+    _o(
         "time_limit_s",
         "float",
         None,
