@@ -21,8 +21,8 @@ ranks), and DHO2 with pipelined curvature (``--curvature-ranks 1``, P > 1 only: 
 computes the ESEs, the others train on (P − 1)/P of the global batch).
 
 1. ``--tune``: each method's lr grid once at P = 1; the lr with the fewest steps to target (the
-   shorter time on a tie) is kept for every P (K-FAC-reduce takes K-FAC's, the pipelined
-   variant FOSI's); rounds measured at an lr no longer chosen are dropped.
+   shorter time on a tie) is kept for every P (K-FAC-reduce takes K-FAC's; FOSI and DHO2 take
+   their base's, SGD's); rounds measured at an lr no longer chosen are dropped.
 2. ``--round R``: every method at each of ``--ranks`` once, in a fixed order, so machine noise
    hits all alike; a stored (round, P, method) is replaced.
 3. ``--report``: per (P, method) the median, min and max over rounds of the time to target (the
@@ -67,8 +67,8 @@ METHODS: dict[str, tuple[list[str], tuple[float, ...] | str, int]] = {
     "adam": (["--no-kfac", "--optimizer", "adam"], (0.001, 0.003, 0.01), 1),
     "sgd+kfac": (KFAC, (0.05, 0.1, 0.2), 1),
     "sgd+kfac-reduce": ([*KFAC, "--kfac-approx", "reduce"], "sgd+kfac", 1),
-    "fosi": (FOSI, (0.1, 0.2), 1),
-    "dho2-pipelined": ([*FOSI, "--curvature-ranks", "1"], "fosi", 2),
+    "fosi": (FOSI, "sgd", 1),
+    "dho2-pipelined": ([*FOSI, "--curvature-ranks", "1"], "sgd", 2),
 }
 
 
@@ -138,6 +138,13 @@ def _show(r: dict[str, Any], prefix: str) -> None:
           flush=True)  # fmt: skip
 
 
+def follow(results: dict[str, Any]) -> None:
+    """A method without a grid takes the tuned lr of the method it names."""
+    for method, (_, source, _) in METHODS.items():
+        if isinstance(source, str) and source in results["lr"]:
+            results["lr"][method] = results["lr"][source]
+
+
 def tune(results: dict[str, Any], methods: list[str], cache: Path, work: Path) -> None:
     """The grids of ``methods`` at P = 1; their lrs (and those that follow them) are stored,
     and rounds measured with other lrs are dropped."""
@@ -155,9 +162,7 @@ def tune(results: dict[str, Any], methods: list[str], cache: Path, work: Path) -
             _show(r, "tune")
             scored.append(((r["tts_s"] is None, r["steps"] or 0, r["tts_s"] or 0.0), lr))
         results["lr"][method] = min(scored)[1]
-        for follower, (_, source, _) in METHODS.items():
-            if source == method:
-                results["lr"][follower] = results["lr"][method]
+        follow(results)
         save(results)
     results["runs"] = [r for r in results["runs"] if results["lr"].get(r["method"]) == r["lr"]]
 
@@ -171,6 +176,7 @@ def run_round(
     work: Path,
 ) -> None:
     """Every (P, method) once; replaces what the file held for this round and these cells."""
+    follow(results)
     untuned = [m for m in methods if m not in results["lr"]]
     if untuned:
         sys.exit(f"no tuned learning rate stored for {', '.join(untuned)}: run --tune first")
