@@ -51,11 +51,28 @@ BIN = Path(sys.executable).parent
 RESULTS = ROOT / "benchmarks" / "results" / "bench_tts_methods.json"
 SAMPLES, TARGET = 32000, 0.98
 TASK = ["--dataset", "mnist1d", "--model", "cnn1d", "--num-samples", str(SAMPLES)]
-TASK += ["--cnn1d-channels", "160", "--batch-size", "1024", "--epochs", "60", "--seed", "0"]
+TASK += [
+    "--cnn1d-channels",
+    "160",
+    "--batch-size",
+    "1024",
+    "--epochs",
+    "60",
+    "--seed",
+    "0",
+]
 TASK += ["--lr-schedule", "constant", "--weight-decay", "0", "--eval-every-steps", "20"]
 TASK += ["--target-accuracy", str(TARGET), "--stop-at-target"]
 # a run that diverges ends at the time limit (not reached) instead of running all its epochs
-QUIET = ["--no-progress", "--log-every", "20", "--backend", "gloo", "--time-limit", "150s"]
+QUIET = [
+    "--no-progress",
+    "--log-every",
+    "20",
+    "--backend",
+    "gloo",
+    "--time-limit",
+    "150s",
+]
 KFAC = ["--kfac", "--factor-update-steps", "10", "--inv-update-steps", "100"]
 KFAC += ["--damping", "0.003", "--kl-clip", "0.001"]
 FOSI = ["--fosi", "--fosi-k", "10", "--lanczos-iters", "20", "--fosi-warmup", "20"]
@@ -84,16 +101,26 @@ def data_cache() -> Path:
 
 
 def run(ranks: int, method: str, lr: float, cache: Path, work: Path) -> dict[str, Any]:
-    """One real run; its run.json figures (time to target None when not reached)."""
+    """One real run; its run.json figures (time to target None when not reached), or, when
+    the job fails, ``error``: the last line it wrote (a failure is a result, not the end)."""
     run_dir = Path(tempfile.mkdtemp(dir=work)) / "run"
-    args = [*TASK, *QUIET, "--data-path", str(cache), *METHODS[method][0], "--lr", str(lr)]
+    args = [
+        *TASK,
+        *QUIET,
+        "--data-path",
+        str(cache),
+        *METHODS[method][0],
+        "--lr",
+        str(lr),
+    ]
     cmd = [str(BIN / "kfac-hpc"), "train", "--run-dir", str(run_dir), *args]
     if ranks > 1:
         cmd = [str(BIN / "mpiexec"), "-n", str(ranks), *cmd]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
     if proc.returncode != 0:
-        raise RuntimeError(f"{method} P={ranks}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+        lines = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
+        return {"ranks": ranks, "method": method, "lr": lr, "error": lines[-1][:300]}
     summary = json.loads((run_dir / "run.json").read_text())
     if summary["world_size"] != ranks:
         raise RuntimeError(f"{method}: asked for {ranks} ranks, ran on {summary['world_size']}")
@@ -132,6 +159,9 @@ def save(results: dict[str, Any]) -> None:
 
 
 def _show(r: dict[str, Any], prefix: str) -> None:
+    if "error" in r:
+        print(f"  {prefix} P={r['ranks']} {r['method']:16s} lr={r['lr']:<6g} failed: {r['error']}")
+        return
     tts = "not reached" if r["tts_s"] is None else f"{r['tts_s']:.1f} s"
     print(f"  {prefix} P={r['ranks']} {r['method']:16s} lr={r['lr']:<6g} {tts:12s} "
           f"steps={r['steps']} step={1e3 * r['step_s']:.1f} ms best={r['best_accuracy']:.3f}",
@@ -160,7 +190,8 @@ def tune(results: dict[str, Any], methods: list[str], cache: Path, work: Path) -
                 r,
             ]
             _show(r, "tune")
-            scored.append(((r["tts_s"] is None, r["steps"] or 0, r["tts_s"] or 0.0), lr))
+            tts = r.get("tts_s")
+            scored.append(((tts is None, r.get("steps") or 0, tts or 0.0), lr))
         results["lr"][method] = min(scored)[1]
         follow(results)
         save(results)
@@ -202,31 +233,43 @@ def report(results: dict[str, Any]) -> None:
     print(" P  method            lr      tts s, median [min-max]  rounds  steps  step ms  "
           "vs SGD  ESE share  peak RSS MiB")  # fmt: skip
     sgd: dict[int, float] = {}
-    for (p, m), runs in cells.items():
+    for (p, m), every in cells.items():
+        runs = [r for r in every if "error" not in r]
+        if not runs:
+            print(f"{p:2d}  {m:16s}  {results['lr'][m]:<6g}  failed {len(every)}/{len(every)}: "
+                  f"{every[-1]['error']}")  # fmt: skip
+            continue
         times = [r["tts_s"] for r in runs if r["tts_s"] is not None]
-        med = statistics.median(times) if times and len(times) == len(runs) else None
+        med = statistics.median(times) if times and len(times) == len(every) else None
         if m == "sgd" and med is not None:
             sgd[p] = med
         ratio = f"{med / sgd[p]:.2f}x" if med is not None and p in sgd else "-"
         tts = (
             f"{med:6.1f} [{min(times):.1f}-{max(times):.1f}]"
             if med is not None
-            else f"reached {len(times)}/{len(runs)}"
+            else f"reached {len(times)}/{len(every)}"
         )
         steps = statistics.median(r["steps"] or 0 for r in runs)
         step_ms = 1e3 * statistics.median(r["step_s"] for r in runs)
         ese = statistics.median(r["ese_share"] for r in runs)
         rss = max(r["rss_mib"] for r in runs)
-        print(f"{p:2d}  {m:16s}  {results['lr'][m]:<6g}  {tts:23s}  {len(runs):6d}  {steps:5g}  "
+        print(f"{p:2d}  {m:16s}  {results['lr'][m]:<6g}  {tts:23s}  {len(every):6d}  {steps:5g}  "
               f"{step_ms:7.1f}  {ratio:>6s}  {ese:9.1%}  {rss:12.0f}")  # fmt: skip
     print("lr grid at P = 1 (one run each; * chosen):")
     for t in results["tune"]:
         chosen = "*" if results["lr"].get(t["method"]) == t["lr"] else " "
-        tts = "not reached" if t["tts_s"] is None else f"{t['tts_s']:.1f} s"
-        print(f"  {t['method']:16s} {chosen}lr {t['lr']:<6g} {tts:12s} {t['steps']} steps")
+        tts = (
+            "failed"
+            if "error" in t
+            else "not reached"
+            if t["tts_s"] is None
+            else f"{t['tts_s']:.1f} s"
+        )
+        print(f"  {t['method']:16s} {chosen}lr {t['lr']:<6g} {tts:12s} {t.get('steps')} steps")
     print("P = 1, mean ms per step by phase (median over rounds):")
-    for (p, m), runs in cells.items():
-        if p == 1:
+    for (p, m), every in cells.items():
+        runs = [r for r in every if "error" not in r]
+        if p == 1 and runs:
             phases = {
                 n: 1e3 * statistics.median(r["phases_s"][n] for r in runs)
                 for n in runs[0]["phases_s"]
