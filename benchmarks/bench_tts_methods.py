@@ -1,25 +1,36 @@
-"""Time to target accuracy of the training methods side by side, at 1, 2 and 4 ranks: one command.
+"""Time to target accuracy of the training methods side by side on MNIST-1D, at 1, 2 and 4 ranks.
 
-    .venv/bin/python benchmarks/bench_tts_methods.py [--rounds 3] [--target 0.95] [--ranks 1,2,4]
+    .venv/bin/python benchmarks/bench_tts_methods.py                 # all of it (about an hour)
+    .venv/bin/python benchmarks/bench_tts_methods.py --tune          # lr grids at P = 1, 1 round
+    .venv/bin/python benchmarks/bench_tts_methods.py --ranks 1 --round 1   # one round at P = 1
+    .venv/bin/python benchmarks/bench_tts_methods.py --report        # the table of stored rounds
 
-Every run is the real job (``kfac-hpc train``, ``mpiexec -n P`` for P > 1, gloo on CPU): small
-CNN on digits (scikit-learn's 8×8 images; MNIST-1D is not in the package yet), global batch 64
-(strong scaling), constant learning rate, evaluation after every epoch (22 steps), stopped at the
-target. Methods: SGD (momentum 0.9), Adam, SGD+K-FAC, FOSI with an SGD base (at P > 1 it is
-DHO2: coordinates sharded over all ranks), and DHO2 with pipelined curvature
-(``--curvature-ranks 1``, P > 1 only: one rank computes ESEs, the others train, so the training
-batch is (P − 1)/P of the global batch).
+The parts can run as separate commands (each a few minutes, e.g. under a machine lock): they
+accumulate in benchmarks/results/bench_tts_methods.json, and ``--report`` prints the table.
 
-1. Learning rate: each method's small grid is run once at P = 1; the lr with the fewest steps
-   to target (deterministic; the shorter time on a tie) is kept for every P (the pipelined
-   variant uses FOSI's).
-2. Rounds: every (P, method) once per round, interleaved, so machine noise hits all alike.
-   Reported per cell: the median, min and max over rounds of the time to target (the run's
-   wall time at the first evaluation at or above the target: start-up and evaluation time
-   included, torch import excluded), the steps to target, the ratio to SGD at the same P, the
-   ESE share of the run, and rank 0's peak resident set.
+Task: MNIST-1D (generated locally, 32,000 training and 8,000 test sequences of length 40), the
+paper's 1-D CNN widened to 160 channels (``--cnn1d-channels 160``, 0.16 M parameters, so that a
+step is compute, not Python overhead), global batch 1024 (strong scaling), constant learning
+rate, no weight decay, test accuracy every 20 steps (``--eval-every-steps``), stopped at 98 %.
+Every run is the real job (``kfac-hpc train``; ``mpiexec -n P`` and gloo for P > 1, one thread
+per rank) with seed 0, the same for every method. Methods: SGD (momentum 0.9), Adam, SGD+K-FAC
+(expand; factors every 10 steps, eigendecompositions every 100, damping 0.003, KL clip 0.001),
+SGD+K-FAC-reduce (the same at K-FAC's lr), FOSI with an SGD base (k = 10, 20 Lanczos steps,
+an ESE at step 20 and every 200 steps after; at P > 1 it is DHO2: coordinates sharded over the
+ranks), and DHO2 with pipelined curvature (``--curvature-ranks 1``, P > 1 only: one rank
+computes the ESEs, the others train on (P − 1)/P of the global batch).
 
-Prints the table and writes benchmarks/results/bench_tts_methods.json.
+1. ``--tune``: each method's lr grid once at P = 1; the lr with the fewest steps to target (the
+   shorter time on a tie) is kept for every P (K-FAC-reduce takes K-FAC's; FOSI and DHO2 take
+   their base's, SGD's); rounds measured at an lr no longer chosen are dropped.
+2. ``--round R``: every method at each of ``--ranks`` once, in a fixed order, so machine noise
+   hits all alike; a stored (round, P, method) is replaced.
+3. ``--report``: per (P, method) the median, min and max over rounds of the time to target (the
+   run's wall time at the first evaluation at or above the target, as run.json reports it:
+   evaluations included; data generation and torch import excluded), the median steps to
+   target and mean step time (all phases), the ratio to SGD's median at the same P, the ESE
+   share of the step time, and the peak resident set (max over rounds; rank 0). The load
+   averages seen at the start and end of every part are printed with it.
 """
 
 from __future__ import annotations
@@ -31,125 +42,279 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 RESULTS = ROOT / "benchmarks" / "results" / "bench_tts_methods.json"
-COMMON = ["--model", "small_cnn", "--dataset", "digits", "--batch-size", "64", "--epochs", "20"]
-COMMON += ["--lr-schedule", "constant", "--weight-decay", "0", "--stop-at-target"]
-COMMON += ["--no-progress", "--log-every", "11", "--backend", "gloo"]
-FOSI = ["--fosi", "--fosi-k", "10", "--lanczos-iters", "30", "--fosi-warmup", "11"]
-FOSI += ["--ese-every", "44", "--fosi-alpha", "0.01"]
-METHODS: dict[str, tuple[list[str], tuple[float, ...]]] = {
-    "sgd": (["--no-kfac"], (0.05, 0.1)),
-    "adam": (["--no-kfac", "--optimizer", "adam"], (0.001, 0.003)),
-    "sgd+kfac": (["--kfac", "--inv-update-steps", "10"], (0.05, 0.1)),
-    "fosi": (FOSI, (0.05, 0.1)),
-    "dho2-pipelined": ([*FOSI, "--curvature-ranks", "1"], ()),
+SAMPLES, TARGET = 32000, 0.98
+TASK = ["--dataset", "mnist1d", "--model", "cnn1d", "--num-samples", str(SAMPLES)]
+TASK += [
+    "--cnn1d-channels",
+    "160",
+    "--batch-size",
+    "1024",
+    "--epochs",
+    "60",
+    "--seed",
+    "0",
+]
+TASK += ["--lr-schedule", "constant", "--weight-decay", "0", "--eval-every-steps", "20"]
+TASK += ["--target-accuracy", str(TARGET), "--stop-at-target"]
+# a run that diverges ends at the time limit (not reached) instead of running all its epochs
+QUIET = [
+    "--no-progress",
+    "--log-every",
+    "20",
+    "--backend",
+    "gloo",
+    "--time-limit",
+    "150s",
+]
+KFAC = ["--kfac", "--factor-update-steps", "10", "--inv-update-steps", "100"]
+KFAC += ["--damping", "0.003", "--kl-clip", "0.001"]
+FOSI = ["--fosi", "--fosi-k", "10", "--lanczos-iters", "20", "--fosi-warmup", "20"]
+FOSI += ["--ese-every", "200", "--fosi-alpha", "0.01"]
+SGD_GRID = (0.1, 0.2, 0.4)
+# method: (flags, lr grid, or the method whose tuned lr it takes, and the smallest P)
+METHODS: dict[str, tuple[list[str], tuple[float, ...] | str, int]] = {
+    "sgd": (["--no-kfac"], SGD_GRID, 1),
+    "adam": (["--no-kfac", "--optimizer", "adam"], (0.001, 0.003, 0.01), 1),
+    "sgd+kfac": (KFAC, (0.05, 0.1, 0.2), 1),
+    "sgd+kfac-reduce": ([*KFAC, "--kfac-approx", "reduce"], "sgd+kfac", 1),
+    "fosi": (FOSI, "sgd", 1),
+    "dho2-pipelined": ([*FOSI, "--curvature-ranks", "1"], "sgd", 2),
 }
 
 
-def run(ranks: int, method: str, lr: float, target: float, work: Path) -> dict[str, Any]:
-    """One real run; its run.json figures (time to target None when not reached)."""
-    run_dir = Path(tempfile.mkdtemp(dir=work))
-    args = [*COMMON, *METHODS[method][0], "--lr", str(lr), "--target-accuracy", str(target)]
+def data_cache() -> Path:
+    """A folder holding the generated MNIST-1D arrays, filled once (seconds) for every run."""
+    from kfac_hpc.train.config import TrainConfig
+    from kfac_hpc.train.data import load_data
+
+    cache = Path(tempfile.gettempdir()) / "kfac-hpc-bench-mnist1d"
+    cache.mkdir(exist_ok=True)
+    load_data(TrainConfig(dataset="mnist1d", num_samples=SAMPLES, data_path=str(cache)))
+    return cache
+
+
+def run(ranks: int, method: str, lr: float, cache: Path, work: Path) -> dict[str, Any]:
+    """One real run; its run.json figures (time to target None when not reached), or, when
+    the job fails, ``error``: the last line it wrote (a failure is a result, not the end)."""
+    run_dir = Path(tempfile.mkdtemp(dir=work)) / "run"
+    args = [
+        *TASK,
+        *QUIET,
+        "--data-path",
+        str(cache),
+        *METHODS[method][0],
+        "--lr",
+        str(lr),
+    ]
     cmd = [str(BIN / "kfac-hpc"), "train", "--run-dir", str(run_dir), *args]
     if ranks > 1:
         cmd = [str(BIN / "mpiexec"), "-n", str(ranks), *cmd]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
     if proc.returncode != 0:
-        raise RuntimeError(f"{method} P={ranks}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+        lines = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
+        return {"ranks": ranks, "method": method, "lr": lr, "error": lines[-1][:300]}
     summary = json.loads((run_dir / "run.json").read_text())
+    if summary["world_size"] != ranks:
+        raise RuntimeError(f"{method}: asked for {ranks} ranks, ran on {summary['world_size']}")
     phases = summary["phases_s"]
-    step_s = sum(phases.values()) or 1.0
+    step_s = sum(phases.values())
     return {
+        "ranks": ranks,
+        "method": method,
+        "lr": lr,
         "tts_s": summary["time_to_target_s"],
         "steps": summary["step_to_target"],
-        "ese_share": phases.get("ese", 0.0) / step_s,
+        "best_accuracy": summary["best_accuracy"],
+        "step_s": step_s,
+        "phases_s": phases,
+        "ese_share": phases.get("ese", 0.0) / step_s if step_s else 0.0,
         "rss_mib": summary["peak_rss_bytes"] / 2**20,
-        "world_size": summary["world_size"],
     }
 
 
-def tune(target: float, work: Path) -> dict[str, float]:
-    """The lr of each method's grid with the fewest steps to target at P = 1."""
-    best: dict[str, float] = {}
-    for method, (_, grid) in METHODS.items():
+def load_results(fresh_task: bool = False) -> dict[str, Any]:
+    """The stored results; a new file when there is none or (with ``fresh_task``, for
+    tuning) when it holds another task."""
+    stored: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if stored.get("task") == TASK:
+        return stored
+    if stored and not fresh_task:
+        sys.exit(f"{RESULTS.name} holds another task: run --tune first (it starts afresh)")
+    return {"task": TASK, "lr": {}, "tune": [], "runs": [], "load": []}
+
+
+def save(results: dict[str, Any]) -> None:
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    partial = RESULTS.with_suffix(".partial")
+    partial.write_text(json.dumps(results, indent=1))
+    partial.replace(RESULTS)
+
+
+def _show(r: dict[str, Any], prefix: str) -> None:
+    if "error" in r:
+        print(f"  {prefix} P={r['ranks']} {r['method']:16s} lr={r['lr']:<6g} failed: {r['error']}")
+        return
+    tts = "not reached" if r["tts_s"] is None else f"{r['tts_s']:.1f} s"
+    print(f"  {prefix} P={r['ranks']} {r['method']:16s} lr={r['lr']:<6g} {tts:12s} "
+          f"steps={r['steps']} step={1e3 * r['step_s']:.1f} ms best={r['best_accuracy']:.3f}",
+          flush=True)  # fmt: skip
+
+
+def follow(results: dict[str, Any]) -> None:
+    """A method without a grid takes the tuned lr of the method it names."""
+    for method, (_, source, _) in METHODS.items():
+        if isinstance(source, str) and source in results["lr"]:
+            results["lr"][method] = results["lr"][source]
+
+
+def tune(results: dict[str, Any], methods: list[str], cache: Path, work: Path) -> None:
+    """The grids of ``methods`` at P = 1; their lrs (and those that follow them) are stored,
+    and rounds measured with other lrs are dropped."""
+    for method in methods:
+        grid = METHODS[method][1]
+        if isinstance(grid, str):
+            continue
         scored = []
         for lr in grid:
-            r = run(1, method, lr, target, work)
-            reached = r["tts_s"] is not None
-            scored.append(((not reached, r["steps"] or 0, r["tts_s"] or 0.0), lr))
-            print(f"  tune {method:15s} lr={lr:<6g} steps={r['steps']} tts={r['tts_s']}")
-        if grid:
-            best[method] = min(scored)[1]
-    best["dho2-pipelined"] = best["fosi"]
-    return best
+            r = run(1, method, lr, cache, work)
+            results["tune"] = [
+                *[t for t in results["tune"] if t["method"] != method or t["lr"] != lr],
+                r,
+            ]
+            _show(r, "tune")
+            tts = r.get("tts_s")
+            scored.append(((tts is None, r.get("steps") or 0, tts or 0.0), lr))
+        results["lr"][method] = min(scored)[1]
+        follow(results)
+        save(results)
+    results["runs"] = [r for r in results["runs"] if results["lr"].get(r["method"]) == r["lr"]]
+
+
+def run_round(
+    results: dict[str, Any],
+    index: int,
+    ranks: list[int],
+    methods: list[str],
+    cache: Path,
+    work: Path,
+) -> None:
+    """Every (P, method) once; replaces what the file held for this round and these cells."""
+    follow(results)
+    untuned = [m for m in methods if m not in results["lr"]]
+    if untuned:
+        sys.exit(f"no tuned learning rate stored for {', '.join(untuned)}: run --tune first")
+    for p in ranks:
+        for method in methods:
+            if p < METHODS[method][2]:
+                continue
+            r = {"round": index, **run(p, method, results["lr"][method], cache, work)}
+            _show(r, f"round {index}")
+            key = (index, p, method)
+            runs = [x for x in results["runs"] if (x["round"], x["ranks"], x["method"]) != key]
+            results["runs"] = [*runs, r]
+            save(results)
+
+
+def report(results: dict[str, Any]) -> None:
+    """The table: one line per P and method, from every stored round."""
+    cells: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for r in sorted(results["runs"], key=lambda r: (r["ranks"], list(METHODS).index(r["method"]))):
+        cells.setdefault((r["ranks"], r["method"]), []).append(r)
+    print(f"MNIST-1D, cnn1d x160, batch 1024, time to {TARGET:.0%} test accuracy "
+          "(median [min-max] over rounds)")  # fmt: skip
+    print(" P  method            lr      tts s, median [min-max]  rounds  steps  step ms  "
+          "vs SGD  ESE share  peak RSS MiB")  # fmt: skip
+    sgd: dict[int, float] = {}
+    for (p, m), every in cells.items():
+        runs = [r for r in every if "error" not in r]
+        if not runs:
+            print(f"{p:2d}  {m:16s}  {results['lr'][m]:<6g}  failed {len(every)}/{len(every)}: "
+                  f"{every[-1]['error']}")  # fmt: skip
+            continue
+        times = [r["tts_s"] for r in runs if r["tts_s"] is not None]
+        med = statistics.median(times) if times and len(times) == len(every) else None
+        if m == "sgd" and med is not None:
+            sgd[p] = med
+        ratio = f"{med / sgd[p]:.2f}x" if med is not None and p in sgd else "-"
+        tts = (
+            f"{med:6.1f} [{min(times):.1f}-{max(times):.1f}]"
+            if med is not None
+            else f"reached {len(times)}/{len(every)}"
+        )
+        steps = statistics.median(r["steps"] or 0 for r in runs)
+        step_ms = 1e3 * statistics.median(r["step_s"] for r in runs)
+        ese = statistics.median(r["ese_share"] for r in runs)
+        rss = max(r["rss_mib"] for r in runs)
+        print(f"{p:2d}  {m:16s}  {results['lr'][m]:<6g}  {tts:23s}  {len(every):6d}  {steps:5g}  "
+              f"{step_ms:7.1f}  {ratio:>6s}  {ese:9.1%}  {rss:12.0f}")  # fmt: skip
+    print("lr grid at P = 1 (one run each; * chosen):")
+    for t in results["tune"]:
+        chosen = "*" if results["lr"].get(t["method"]) == t["lr"] else " "
+        tts = (
+            "failed"
+            if "error" in t
+            else "not reached"
+            if t["tts_s"] is None
+            else f"{t['tts_s']:.1f} s"
+        )
+        print(f"  {t['method']:16s} {chosen}lr {t['lr']:<6g} {tts:12s} {t.get('steps')} steps")
+    print("P = 1, mean ms per step by phase (median over rounds):")
+    for (p, m), every in cells.items():
+        runs = [r for r in every if "error" not in r]
+        if p == 1 and runs:
+            phases = {
+                n: 1e3 * statistics.median(r["phases_s"][n] for r in runs)
+                for n in runs[0]["phases_s"]
+            }
+            shown = ", ".join(f"{n} {v:.1f}" for n, v in phases.items() if v >= 0.05)
+            print(f"  {m:16s} {shown}")
+    for part in results["load"]:
+        print(f"load average {part['what']}: start {part['start']}, end {part['end']}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--target", type=float, default=0.95)
+    parser.add_argument("--tune", action="store_true", help="lr grids at P = 1 (starts afresh)")
+    parser.add_argument("--round", type=int, help="run round R of every method at --ranks")
     parser.add_argument("--ranks", default="1,2,4")
+    parser.add_argument("--methods", default=",".join(METHODS), help="a subset, in this order")
+    parser.add_argument("--report", action="store_true", help="print the stored table")
     args = parser.parse_args()
     ranks = [int(p) for p in args.ranks.split(",")]
+    methods = [m for m in METHODS if m in args.methods.split(",")]
+    unknown = set(args.methods.split(",")) - set(METHODS)
+    if unknown:
+        parser.error(
+            f"--methods: unknown {', '.join(sorted(unknown))}; choose from {', '.join(METHODS)}"
+        )
+    everything = not (args.tune or args.round or args.report)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        lrs = tune(args.target, work)
-        cells = [(p, m) for p in ranks for m in METHODS if p > 1 or m != "dho2-pipelined"]
-        results: dict[tuple[int, str], list[dict[str, Any]]] = {c: [] for c in cells}
-        for round_ in range(args.rounds):
-            for p, m in cells:
-                r = run(p, m, lrs[m], args.target, work)
-                results[(p, m)].append(r)
-                print(f"  P={p} {m:15s} steps={r['steps']} tts={r['tts_s']}", flush=True)
-            print(f"  round {round_ + 1}/{args.rounds} done", flush=True)
-    rows = report(results, lrs, args.target)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"target": args.target, "lr": lrs, "rows": rows}, indent=1))
-
-
-def report(
-    results: dict[tuple[int, str], list[dict[str, Any]]], lrs: dict[str, float], target: float
-) -> list[dict[str, Any]]:
-    """Print the table (one line per P and method) and return its rows."""
-    print(f"time to {target:.0%} test accuracy, median (min..max) over rounds")
-    print(" P  method           lr      tts s, median (min..max)   steps  vs SGD  ESE share"
-          "  RSS MiB")  # fmt: skip
-    rows, sgd = [], {}
-    for (p, m), runs in results.items():
-        times = [r["tts_s"] for r in runs if r["tts_s"] is not None]
-        med = statistics.median(times) if len(times) == len(runs) else None
-        if m == "sgd":
-            sgd[p] = med
-        ratio = med / sgd[p] if med is not None and sgd.get(p) else None
-        row = {
-            "ranks": p,
-            "method": m,
-            "lr": lrs[m],
-            "tts_median_s": med,
-            "tts_min_s": min(times, default=None),
-            "tts_max_s": max(times, default=None),
-            "reached": f"{len(times)}/{len(runs)}",
-            "steps_median": statistics.median(r["steps"] or 0 for r in runs),
-            "vs_sgd": ratio,
-            "ese_share": statistics.median(r["ese_share"] for r in runs),
-            "rss_mib": max(r["rss_mib"] for r in runs),
-        }
-        rows.append(row)
-        tts = (
-            "not reached " + row["reached"]
-            if med is None
-            else (f"{med:6.2f} ({row['tts_min_s']:.2f}..{row['tts_max_s']:.2f})")
-        )
-        print(f"{p:2d}  {m:15s}  {lrs[m]:<6g}  {tts:26s}  {row['steps_median']:5g}  "
-              f"{'' if ratio is None else f'{ratio:.2f}x':>6s}  {row['ese_share']:8.1%}  "
-              f"{row['rss_mib']:7.0f}")  # fmt: skip
-    return rows
+        if args.tune or everything:
+            start = [round(x, 2) for x in os.getloadavg()]
+            results = load_results(fresh_task=True)
+            tune(results, methods, data_cache(), work)
+            end = [round(x, 2) for x in os.getloadavg()]
+            results["load"].append({"what": f"tune {args.methods}", "start": start, "end": end})
+            save(results)
+        for index in [args.round] if args.round else (1, 2, 3) if everything else ():
+            start = [round(x, 2) for x in os.getloadavg()]
+            results = load_results()
+            what = f"round {index} P={args.ranks} ({time.strftime('%H:%M')})"
+            run_round(results, index, ranks, methods, data_cache(), work)
+            end = [round(x, 2) for x in os.getloadavg()]
+            results["load"].append({"what": what, "start": start, "end": end})
+            save(results)
+    if args.report or everything:
+        report(load_results())
 
 
 if __name__ == "__main__":

@@ -98,7 +98,8 @@ COMMON_OPTIONS: tuple[Option, ...] = (
         "data_path",
         "str",
         None,
-        "folder of the CIFAR-10 binary batches or the image folder",
+        "folder of the CIFAR-10 binary batches or the image folder; for mnist1d a cache folder "
+        "of the generated sequences",
         optional=True,
     ),
     _o(
@@ -107,6 +108,14 @@ COMMON_OPTIONS: tuple[Option, ...] = (
         4096,
         "training samples of a synthetic or the mnist1d dataset",
         check="positive",
+    ),
+    _o(
+        "cnn1d_channels",
+        "int",
+        25,
+        "channels of each cnn1d convolution (the MNIST-1D paper's 25)",
+        check="positive",
+        maximum=4096,
     ),
     _o("augment", "bool", True, "random crop + flip for 32x32 image data (cifar10)"),
     _o("optimizer", "str", "sgd", "first-order optimizer", choices=OPTIMIZERS, axis=True),
@@ -345,6 +354,15 @@ RUN_OPTIONS: tuple[Option, ...] = (
         optional=True,
     ),
     _o("stop_at_target", "bool", False, "stop once --target-accuracy is reached"),
+    _o(
+        "eval_every_steps",
+        "int",
+        0,
+        "steps between test evaluations besides the one at every epoch end (0: epoch ends only)",
+        unit="steps",
+        check="nonnegative",
+        maximum=10**9,
+    ),
     _o(
         "time_limit_s",
         "float",

@@ -72,10 +72,10 @@ def check_loadable(points: Sequence[Point]) -> None:
                 ) from None
             datasets[data_key] = (data.shape, data.num_classes)
         shape, classes = datasets[data_key]
-        model_key = (config.model, shape, classes)
+        model_key = (config.model, shape, classes, config.cnn1d_channels)
         if model_key not in models:
             try:
-                build_model(config.model, shape, classes)
+                build_model(config.model, shape, classes, config.cnn1d_channels)
             except Exception as exc:  # a model that does not fit the data's shape
                 raise SweepInputError(
                     "model",

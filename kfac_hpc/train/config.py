@@ -101,11 +101,10 @@ class TrainConfig:
             self._validate_fosi()
         if self.stop_at_target and self.target_accuracy is None:
             raise ConfigError("stop_at_target", "needs --target-accuracy")
-        if self.dataset in ("cifar10", "imagefolder"):
-            if not self.data_path:
-                raise ConfigError("data_path", f"dataset {self.dataset!r} needs --data-path DIR")
-            if not Path(self.data_path).is_dir():
-                raise ConfigError("data_path", f"{self.data_path!r} is not a directory")
+        if self.dataset in ("cifar10", "imagefolder") and not self.data_path:
+            raise ConfigError("data_path", f"dataset {self.dataset!r} needs --data-path DIR")
+        if self.data_path and not Path(self.data_path).is_dir():
+            raise ConfigError("data_path", f"{self.data_path!r} is not a directory")
         if self.resume_from is not None and not Path(self.resume_from).exists():
             raise ConfigError(
                 "resume_from", f"{self.resume_from!r} does not exist; give a checkpoint or run dir"

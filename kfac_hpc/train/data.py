@@ -11,6 +11,7 @@ what an uninterrupted one would.
 from __future__ import annotations
 
 import importlib.util
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,11 +80,13 @@ def _digits(seed: int) -> DataSource:
     return _tensor_source("digits", (x[train], y[train]), (x[test], y[test]))
 
 
-def _mnist1d(train_samples: int) -> DataSource:
+def _mnist1d(train_samples: int, cache: Path | None) -> DataSource:
     """MNIST-1D (Greydanus 2020): 10 classes of length-40 sequences, generated locally by the
     ``mnist1d`` package from its templates (never downloaded). ``train_samples`` training
     sequences and a quarter as many test sequences (the package's 80/20 split), from the
-    package's fixed seed, so every run sees the same data. Shape (1, 40)."""
+    package's fixed seed, so every run sees the same data. Shape (1, 40). With ``cache`` (a
+    folder) the arrays are read from ``mnist1d-<samples>.npz`` there, or generated and written
+    to it (atomically) when it is missing: generating 40,000 sequences takes seconds."""
     if importlib.util.find_spec("mnist1d") is None:
         raise ImportError(
             "dataset 'mnist1d' needs the mnist1d package: pip install 'kfac-hpc[mnist1d]'"
@@ -92,13 +95,22 @@ def _mnist1d(train_samples: int) -> DataSource:
 
     args = get_dataset_args()
     args.num_samples = 10 * -(-train_samples * 5 // 40)  # 5/4 of it, a multiple of 10 classes
-    # The generator reseeds the global RNGs: keep the job's own streams untouched.
-    saved = random.getstate(), np.random.get_state()
-    try:
-        raw = make_dataset(args)
-    finally:
-        random.setstate(saved[0])
-        np.random.set_state(saved[1])
+    cached = None if cache is None else cache / f"mnist1d-{args.num_samples}.npz"
+    if cached is not None and cached.is_file():
+        with np.load(cached) as stored:
+            raw = {key: stored[key] for key in ("x", "y", "x_test", "y_test")}
+    else:
+        # The generator reseeds the global RNGs: keep the job's own streams untouched.
+        saved = random.getstate(), np.random.get_state()
+        try:
+            raw = make_dataset(args)
+        finally:
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
+        if cached is not None:
+            partial = cached.with_name(f".{cached.name}.{os.getpid()}.npz")
+            np.savez(partial, **{key: raw[key] for key in ("x", "y", "x_test", "y_test")})
+            os.replace(partial, cached)
 
     def part(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.tensor(x, dtype=torch.float32).unsqueeze(1), torch.tensor(y, dtype=torch.int64)
@@ -192,7 +204,7 @@ def load_data(config: TrainConfig) -> DataSource:
     if config.dataset == "digits":
         return _digits(config.seed)
     if config.dataset == "mnist1d":
-        return _mnist1d(config.num_samples)
+        return _mnist1d(config.num_samples, Path(config.data_path) if config.data_path else None)
     if config.dataset == "synthetic_cifar":
         return _synthetic((3, 32, 32), 10, config.num_samples, config.seed)
     if config.dataset == "synthetic_imagenet":

@@ -97,7 +97,9 @@ class Job:
         self.wall_base_s = 0.0
         self.fault = fault_plan()
         torch.manual_seed(config.seed)
-        self.model: nn.Module = build_model(config.model, data.shape, data.num_classes)
+        self.model: nn.Module = build_model(
+            config.model, data.shape, data.num_classes, config.cnn1d_channels
+        )
         self.model.to(ctx.device)
         self.method = build_method(
             method_name(config), MethodSetup(config, self.model, self.world_size)
@@ -238,11 +240,10 @@ class Job:
                 self.save(pos.step)
                 self.timer.lap("checkpoint")
             self.timer.end_step()
-            end_of_epoch = pos.step % self.steps_per_epoch == 0
             if pos.step % config.log_every == 0:
                 self._close_window(recorder, pos.step, progress)
-            if end_of_epoch:
-                self._end_epoch(pos.step, progress)
+            if self._evaluation_due(pos.step):
+                self._evaluate_at(pos.step, progress)
             if preempted:
                 return "preempted"
             if flags[0] > 0:
@@ -251,11 +252,16 @@ class Job:
                 return "target"
         return "done"
 
+    def _evaluation_due(self, step: int) -> bool:
+        """At every epoch end, and every ``eval_every_steps`` steps when that is set."""
+        every = self.config.eval_every_steps
+        return step % self.steps_per_epoch == 0 or (every > 0 and step % every == 0)
+
     def _close_window(self, recorder: WindowRecorder, step: int, progress: Progress) -> None:
         record = recorder.close(self.timer, step, step // self.steps_per_epoch, self.wall_s())
         progress.window(step, record)
 
-    def _end_epoch(self, step: int, progress: Progress) -> None:
+    def _evaluate_at(self, step: int, progress: Progress) -> None:
         accuracy = self.evaluate(step)
         target = self.config.target_accuracy
         if target is not None and accuracy >= target:
@@ -266,8 +272,8 @@ class Job:
         """Close the last window, evaluate if the last step was not evaluated, and save a final
         checkpoint when checkpointing is on (so a longer run can continue from it)."""
         self._close_window(recorder, pos.step, progress)
-        if end != "preempted" and pos.step % self.steps_per_epoch != 0:
-            self._end_epoch(pos.step, progress)
+        if end != "preempted" and not self._evaluation_due(pos.step):
+            self._evaluate_at(pos.step, progress)
         checkpointing = self.config.checkpoint_every_steps or self.config.checkpoint_every_min
         if end != "preempted" and checkpointing and pos.step > pos.start_step:
             self.save(pos.step)

@@ -36,21 +36,22 @@ class SmallCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-def _cnn1d(channels: int, length: int, num_classes: int) -> nn.Module:
-    """The MNIST-1D paper's CNN: three stride-2 Conv1d layers of 25 channels and a linear
-    classifier (every weight layer is Conv1d or Linear, so K-FAC preconditions all of it)."""
+def _cnn1d(channels: int, length: int, num_classes: int, width: int) -> nn.Module:
+    """The MNIST-1D paper's CNN: three stride-2 Conv1d layers of ``width`` channels (the
+    paper's 25) and a linear classifier (every weight layer is Conv1d or Linear, so K-FAC
+    preconditions all of it)."""
     out = length
     for kernel in (5, 3, 3):
         out = (out + 2 - kernel) // 2 + 1
     return nn.Sequential(
-        nn.Conv1d(channels, 25, 5, stride=2, padding=1),
+        nn.Conv1d(channels, width, 5, stride=2, padding=1),
         nn.ReLU(),
-        nn.Conv1d(25, 25, 3, stride=2, padding=1),
+        nn.Conv1d(width, width, 3, stride=2, padding=1),
         nn.ReLU(),
-        nn.Conv1d(25, 25, 3, stride=2, padding=1),
+        nn.Conv1d(width, width, 3, stride=2, padding=1),
         nn.ReLU(),
         nn.Flatten(),
-        nn.Linear(25 * out, num_classes),
+        nn.Linear(width * out, num_classes),
     )
 
 
@@ -139,14 +140,16 @@ def _resnet50(channels: int, num_classes: int) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """The network ``name`` for inputs of shape (C, H, W), or (C, L) for ``cnn1d``; names are
-    contracts.options.MODELS."""
+def build_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, cnn1d_channels: int = 25
+) -> nn.Module:
+    """The network ``name`` for inputs of shape (C, H, W), or (C, L) for ``cnn1d`` (whose
+    convolutions have ``cnn1d_channels`` channels); names are contracts.options.MODELS."""
     channels = input_shape[0]
     if name == "mlp":
         return _mlp(math.prod(input_shape), num_classes)
     if name == "cnn1d":
-        return _cnn1d(channels, input_shape[-1], num_classes)
+        return _cnn1d(channels, input_shape[-1], num_classes, cnn1d_channels)
     if name == "small_cnn":
         return SmallCNN(channels, num_classes)
     if name in ("resnet20", "resnet32", "resnet56"):

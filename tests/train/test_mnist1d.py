@@ -4,6 +4,7 @@ preconditions."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -69,3 +70,39 @@ def test_model_and_dataset_must_fit(dataset: str, model: str) -> None:
     with pytest.raises(ConfigError, match=r"model: .* does not fit dataset"):
         TrainConfig(dataset=dataset, model=model).validate()
     TrainConfig(dataset=dataset, model="mlp").validate()
+
+
+def test_mnist1d_cache_folder_holds_the_generated_sequences(tmp_path: Path) -> None:
+    """With --data-path the first load writes the arrays there and later loads read them back:
+    the same tensors as a fresh generation, no partial file left behind."""
+    config = TrainConfig(dataset="mnist1d", model="cnn1d", num_samples=200, data_path=str(tmp_path))
+    config.validate()
+    fresh = load_data(TrainConfig(dataset="mnist1d", model="cnn1d", num_samples=200))
+    first = load_data(config)
+    assert [p.name for p in tmp_path.iterdir()] == ["mnist1d-250.npz"]
+    with np.load(tmp_path / "mnist1d-250.npz") as stored:
+        stored_y = torch.tensor(stored["y_test"], dtype=torch.int64)
+    cached = load_data(config)
+    train, test = torch.arange(200), torch.arange(50)
+    for source in (first, cached):
+        for got, want in zip(source.train(train), fresh.train(train), strict=True):
+            assert torch.equal(got, want)
+        for got, want in zip(source.test(test), fresh.test(test), strict=True):
+            assert torch.equal(got, want)
+    assert torch.equal(cached.test(torch.arange(50))[1], stored_y)
+
+
+def test_mnist1d_cache_folder_must_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    config = TrainConfig(dataset="mnist1d", model="cnn1d", data_path=str(missing))
+    with pytest.raises(ConfigError, match=r"data_path: .* is not a directory"):
+        config.validate()
+
+
+@pytest.mark.parametrize("channels", [8, 64])
+def test_cnn1d_channels_sets_every_convolution_width(channels: int) -> None:
+    model = build_model("cnn1d", (1, 40), 10, cnn1d_channels=channels)
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv1d)]
+    assert [c.out_channels for c in convs] == [channels] * 3
+    assert [c.in_channels for c in convs] == [1, channels, channels]
+    assert model(torch.zeros(2, 1, 40)).shape == (2, 10)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from kfac_hpc.contracts import validate_run_dir
 
 from .conftest import explain, read_json, run_plain
@@ -25,6 +27,22 @@ def test_stop_at_target_stops_at_the_first_evaluation_reaching_it(tmp_path):
     summary = read_json(run_dir / "run.json")
     assert summary["end"] == "target" and summary["steps"] == summary["step_to_target"]
     assert summary["best_accuracy"] >= 0.5
+
+
+def test_eval_every_steps_adds_evaluations_between_epoch_ends(tmp_path):
+    """Digits, batch 64: 22 steps per epoch. Every 10 steps and every epoch end, each once;
+    the time to target is the wall time of the first of them at or above the target."""
+    run_dir = tmp_path / "run"
+    proc = run_plain(
+        run_dir, "--epochs", "2", "--eval-every-steps", "10", "--target-accuracy", "0.05"
+    )
+    assert proc.returncode == 0, explain(proc)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [10, 20, 22, 30, 40, 44]
+    summary = read_json(run_dir / "run.json")
+    assert summary["step_to_target"] == 10
+    assert summary["time_to_target_s"] == evals[0]["wall_s"]
 
 
 def test_warm_starts_from_another_runs_checkpoint(tmp_path):
