@@ -14,8 +14,8 @@ import base64
 import contextlib
 import hashlib
 import json
+import math
 import os
-import re
 import sys
 from array import array
 from dataclasses import fields
@@ -39,8 +39,7 @@ WATCHED = ("", CONFIG, METRICS, RUN)
 # Part of every cache file's first line: files of another version or byte order never match.
 _HEADER = f"collect-cache 5 kfac-hpc {__version__} {sys.byteorder}"
 _ARRAYS = ("step_s", "wall_s", "loss")
-_STDLIB = "="  # a payload to parse with json, not orjson
-_LONG_DIGITS = re.compile(r"\d{20}")
+_STDLIB = "="  # marks a payload for the standard library's parser
 _INT_KEYED = ("compute_by_attempt", "spans")
 
 
@@ -82,26 +81,42 @@ def _decode_stats(data: JSON) -> WindowStats:
     return WindowStats(**values)
 
 
-def _loads(text: str) -> Any:
-    """The JSON value of ``text``: orjson's parse, or the standard library's for what orjson
-    refuses (NaN, which :func:`encode` keeps as json writes it) or would change (orjson reads an
-    integer of 20 or more digits as a float; such text is marked by :func:`_mark`)."""
+def _finite(value: Any) -> bool:
+    """True when no float in ``value`` (nested lists and dicts) is NaN or infinite."""
+    kind = type(value)
+    if kind is float:
+        return math.isfinite(value)
+    if kind is dict:
+        return all(_finite(v) for v in value.values())
+    if kind is list or kind is tuple:
+        if set(map(type, value)) == {float}:
+            return all(map(math.isfinite, value))
+        return all(_finite(v) for v in value)
+    return True
+
+
+def dumps(value: Any) -> str:
+    """``value`` as JSON text that :func:`loads` reads back equal: orjson's (ten times faster)
+    when it writes ``value`` exactly, else the standard library's, marked: orjson writes NaN and
+    infinities as null and refuses integers beyond 64 bits."""
+    if _finite(value):
+        try:
+            return orjson.dumps(value).decode("utf-8")
+        except orjson.JSONEncodeError:  # an integer beyond 64 bits
+            pass
+    return _STDLIB + json.dumps(value, separators=(",", ":"))
+
+
+def loads(text: str) -> Any:
+    """The value of a :func:`dumps` text."""
     if text.startswith(_STDLIB):
         return json.loads(text[1:])
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return json.loads(text)
-
-
-def _mark(text: str) -> str:
-    """``text`` marked for the standard library's parser when it holds a run of 20 digits."""
-    return _STDLIB + text if _LONG_DIGITS.search(text) else text
+    return orjson.loads(text)
 
 
 def encode(run: RunData) -> str:
     """The file-derived parts of ``run`` as one JSON line (no newline)."""
-    return json.dumps(
+    return dumps(
         {
             "run_id": run.run_id,
             "state": run.state,
@@ -112,8 +127,7 @@ def encode(run: RunData) -> str:
             "evals": [list(vars_of(e)) for e in run.evals],
             "segments": [list(vars_of(s)) for s in run.segments],
             "stats": _encode_stats(run.stats),
-        },
-        separators=(",", ":"),
+        }
     )
 
 
@@ -124,7 +138,7 @@ def vars_of(item: EvalPoint | Segment) -> tuple[Any, ...]:
 
 def decode(text: str, path: Path, point: JSON | None) -> RunData:
     """The :class:`RunData` of an :func:`encode` line, with ``path`` and its manifest point."""
-    data = _loads(text)
+    data = loads(text)
     run = new_run(path, point)
     run.run_id, run.state, run.reason = data["run_id"], data["state"], data["reason"]
     run.config, run.notes = data["config"], data["notes"]
@@ -179,7 +193,7 @@ class RunCache:
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(f"{self._first_line(path, sig)}\n{_mark(payload)}", encoding="utf-8")
+            tmp.write_text(f"{self._first_line(path, sig)}\n{payload}", encoding="utf-8")
             os.replace(tmp, target)
         except OSError:
             self._writable = False
@@ -206,12 +220,12 @@ class RunCache:
         payload = self._read(path, sig, "rows")
         if payload is None:
             return None
-        rows = _loads(payload)
+        rows = loads(payload)
         return rows if isinstance(rows, dict) and rows.get("context") == context else None
 
     def set_rows(self, path: Path, sig: str, rows: JSON) -> None:
         """Keep ``rows`` (a JSON object with a ``context`` key) for ``path`` under ``sig``."""
-        self._write(path, sig, "rows", json.dumps(rows, separators=(",", ":")))
+        self._write(path, sig, "rows", dumps(rows))
 
     def prune(self, paths: list[Path]) -> None:
         """Remove the cache files of run directories other than ``paths``."""

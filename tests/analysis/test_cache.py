@@ -103,3 +103,14 @@ def test_cache_of_another_version_is_ignored(tmp_path, monkeypatch):
     reads = _reads(monkeypatch)
     assert [r.state for r in collect(tmp_path).runs] == ["done"] * 3
     assert len(reads) == 3
+
+
+def test_cache_text_reads_back_what_orjson_cannot_write():
+    """NaN, infinities and integers beyond 64 bits (a damaged run.json's) survive the cache."""
+    from kfac_hpc.analysis.cache import dumps, loads
+
+    plain = {"a": [1.5, 2.0], "b": {"c": 2**63 + 1, "d": None}, "e": "x"}
+    assert loads(dumps(plain)) == plain and not dumps(plain).startswith("=")
+    for odd in ({"a": [1.5, float("inf")]}, {"b": {"c": 10**25}}, {"n": float("nan")}):
+        back = loads(dumps(odd))
+        assert repr(back) == repr(odd)  # NaN compares unequal to itself; its repr does not
