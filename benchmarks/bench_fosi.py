@@ -50,6 +50,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memprobe import reset_peak as _reset_peak  # benchmarks/memprobe.py, beside this script
+from memprobe import status_kib as _status_kib
+
 WORLD_SIZES = (1, 2, 4)
 ROUNDS = 3
 ESE_EVERY = 100
@@ -76,17 +79,6 @@ def ring_bytes(kind: str, payload: int, world: int) -> float:
     """Bytes one rank sends for a collective of ``payload`` bytes (the allreduce's buffer, the
     reduce-scatter's input, the all-gather's output) by ring algorithms over ``world`` ranks."""
     return payload * (world - 1) / world * (2 if kind == "all_reduce" else 1)
-
-
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def _reset_peak() -> None:
-    Path("/proc/self/clear_refs").write_text("5")
 
 
 def workload(rank: int) -> tuple[Any, Any, Any]:

@@ -38,6 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memprobe import reset_peak as _reset_peak  # benchmarks/memprobe.py, beside this script
+from memprobe import status_bytes as _status_bytes
+
 WORLD_SIZE = 4
 STRATEGIES = ("comm-opt", "hybrid-opt", "mem-opt")
 PER_RANK_BATCH = 16
@@ -46,19 +49,6 @@ ROUNDS = 3
 MIB = 1024 * 1024
 REPEATS = 5
 MMAP_THRESHOLD = 128 * 1024
-
-
-def _status_bytes(field: str) -> int:
-    """A ``/proc/self/status`` figure (kB there) in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field)
-
-
-def _reset_peak() -> None:
-    gc.collect()
-    Path("/proc/self/clear_refs").write_text("5")
 
 
 def measure_strategy(strategy: str, rank: int) -> dict[str, Any]:

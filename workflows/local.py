@@ -125,29 +125,37 @@ def run_local_points(sweep_dir: Path, point_ids: Sequence[str] | None = None) ->
                 stderr=(log, "a"),
             )
             futures[future] = point.point_id
-        _mark_running(sweep_dir, [p.point_id for p in todo])
+        mark_points(sweep_dir, [p.point_id for p in todo], PointState.RUNNING, "local")
         for future in concurrent.futures.as_completed(futures):
-            _finish(sweep_dir, futures[future], future)
+            finish_point(sweep_dir, futures[future], future)
 
 
-def _mark_running(sweep_dir: Path, point_ids: Sequence[str]) -> None:
+def mark_points(sweep_dir: Path, point_ids: Sequence[str], state: PointState, job_id: str) -> None:
+    """Record ``point_ids`` as handed to ``job_id`` in ``state``: one more attempt each."""
     with locked_manifest(sweep_dir) as manifest:
         for point in manifest.points:
             if point.point_id in point_ids:
-                point.state, point.detail, point.job_id = PointState.RUNNING.value, "", "local"
+                point.state, point.detail, point.job_id = state.value, "", job_id
                 point.attempts += 1
 
 
-def _finish(sweep_dir: Path, point_id: str, future: concurrent.futures.Future[Any]) -> None:
-    """The point's state from its markers, else from the exit code of its launcher."""
+def finish_point(
+    sweep_dir: Path,
+    point_id: str,
+    future: concurrent.futures.Future[Any],
+    lost: str | None = None,
+) -> None:
+    """The point's state from its markers, else from the exit code of its launcher; an
+    exception without an exit code is a failure reading ``lost`` when given, else exit 1."""
     exc = future.exception()
     code = getattr(exc, "exitcode", 0 if exc is None else 1)
     with locked_manifest(sweep_dir) as manifest:
         point = next(p for p in manifest.points if p.point_id == point_id)
+        ended = exit_verdict(code)
+        if lost is not None and exc is not None and not hasattr(exc, "exitcode"):
+            ended = Verdict(PointState.FAILED, f"{lost}: {str(exc)[:160]}")
         verdict = classify_point(
-            read_markers(sweep_dir / point.run_dir),
-            Verdict(PointState.RUNNING),
-            ended=exit_verdict(code),
+            read_markers(sweep_dir / point.run_dir), Verdict(PointState.RUNNING), ended=ended
         )
         point.state, point.detail = verdict.state.value, verdict.detail
 

@@ -34,9 +34,9 @@ from kfac_hpc.contracts.states import LIVE, PointState, Verdict, classify_point
 from kfac_hpc.sweep import slurm
 from kfac_hpc.sweep.backends import SweepBackend
 from kfac_hpc.sweep.errors import SweepInputError
-from kfac_hpc.sweep.manifest import Manifest, PointRecord, locked_manifest, read_manifest
+from kfac_hpc.sweep.manifest import Manifest, PointRecord, read_manifest
 from kfac_hpc.workflows.configs import PilotShape, pilot_config
-from kfac_hpc.workflows.local import exit_verdict, point_command
+from kfac_hpc.workflows.local import finish_point, mark_points, point_command
 
 if TYPE_CHECKING:
     from kfac_hpc.sweep.submit import PreparedSweep
@@ -187,7 +187,7 @@ def run_pilot_points(sweep_dir: Path, point_ids: Sequence[str] | None = None) ->
     config = pilot_config(sweep_dir / "parsl", shape)
     with _sigterm_unwinds(), parsl.load(config):
         job_id = _block_job_id(config.executors[0])
-        _mark_submitted(sweep_dir, [p.point_id for p in todo], job_id)
+        mark_points(sweep_dir, [p.point_id for p in todo], PointState.SUBMITTED, job_id)
         # Points go to Parsl only when their nodes are free (first fit, in sweep order):
         # Parsl's own backlog of MPI tasks recurses without end when a finished task frees
         # fewer nodes than the next waiting one needs, and the pilot hangs.
@@ -207,7 +207,7 @@ def run_pilot_points(sweep_dir: Path, point_ids: Sequence[str] | None = None) ->
             for future in ended:
                 point_id, nodes = running.pop(future)
                 free += nodes
-                _finish(sweep_dir, point_id, future)
+                finish_point(sweep_dir, point_id, future, lost="the pilot lost it")
 
 
 def _launch(
@@ -234,30 +234,6 @@ def _launch(
         stderr=(log, "a"),
     )
     return future
-
-
-def _mark_submitted(sweep_dir: Path, point_ids: Sequence[str], job_id: str) -> None:
-    with locked_manifest(sweep_dir) as manifest:
-        for point in manifest.points:
-            if point.point_id in point_ids:
-                point.state, point.detail = PointState.SUBMITTED.value, ""
-                point.job_id = job_id
-                point.attempts += 1
-
-
-def _finish(sweep_dir: Path, point_id: str, future: concurrent.futures.Future[Any]) -> None:
-    """The point's state from its markers, else from its step's exit code."""
-    exc = future.exception()
-    code = getattr(exc, "exitcode", 0 if exc is None else 1)
-    with locked_manifest(sweep_dir) as manifest:
-        point = next(p for p in manifest.points if p.point_id == point_id)
-        ended = exit_verdict(code)
-        if exc is not None and not hasattr(exc, "exitcode"):
-            ended = Verdict(PointState.FAILED, f"the pilot lost it: {str(exc)[:160]}")
-        verdict = classify_point(
-            read_markers(sweep_dir / point.run_dir), Verdict(PointState.RUNNING), ended=ended
-        )
-        point.state, point.detail = verdict.state.value, verdict.detail
 
 
 _PILOT_LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED")

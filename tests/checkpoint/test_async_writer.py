@@ -4,9 +4,7 @@ are serialised; failures surface at wait(); SIGKILL at random moments never brea
 from __future__ import annotations
 
 import multiprocessing
-import os
 import random
-import signal
 import threading
 import time
 from dataclasses import replace
@@ -23,7 +21,7 @@ from kfac_hpc.checkpoint import (
 )
 from kfac_hpc.checkpoint.async_writer import ModifiedDuringWriteError
 from kfac_hpc.checkpoint.files import list_checkpoints, read_latest
-from tests.checkpoint.test_crash_safety import TRIALS, _check_directory, _flat, _same, _state
+from tests.checkpoint.test_crash_safety import TRIALS, _flat, _kill_and_check, _same, _state
 
 
 def test_async_file_equals_the_synchronous_one_and_holds_the_snapshot(tmp_path: Path) -> None:
@@ -88,14 +86,8 @@ def test_sigkill_at_random_moments_never_breaks_latest_async(tmp_path: Path) -> 
         proc.start()
         assert ready.wait(timeout=120), "the writer process did not start"
         time.sleep(rng.uniform(0.05, 1.0))  # a snapshot + a threaded write per save
-        assert proc.pid is not None
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join(timeout=30)
-        assert proc.exitcode == -signal.SIGKILL
-        step = _check_directory(tmp_path)
-        assert step >= last_step, "latest went backwards"
-        last_step = step
-        killed_mid_write += any(".tmp-" in p.name for p in tmp_path.iterdir())
+        step, mid_write = _kill_and_check(proc, tmp_path, last_step)
+        last_step, killed_mid_write = step, killed_mid_write + mid_write
         manager = CheckpointManager(tmp_path, keep=2)  # cleans up after the dead writer
         found = manager.load_latest()
         assert (found.step if found else 0) == step

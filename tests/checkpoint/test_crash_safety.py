@@ -66,6 +66,20 @@ def _check_directory(directory: Path) -> int:
     return ckpt.step
 
 
+def _kill_and_check(
+    proc: multiprocessing.process.BaseProcess, directory: Path, last_step: int
+) -> tuple[int, bool]:
+    """SIGKILL the writer ``proc``; the directory's checked latest step (never below
+    ``last_step``) and whether the kill left a half-written file behind."""
+    assert proc.pid is not None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(timeout=30)
+    assert proc.exitcode == -signal.SIGKILL
+    step = _check_directory(directory)
+    assert step >= last_step, "latest went backwards"
+    return step, any(".tmp-" in p.name for p in directory.iterdir())
+
+
 def test_sigkill_at_random_moments_never_breaks_latest(tmp_path):
     ctx = multiprocessing.get_context("fork")
     rng = random.Random(7)
@@ -74,14 +88,8 @@ def test_sigkill_at_random_moments_never_breaks_latest(tmp_path):
         proc = ctx.Process(target=_writer, args=(str(tmp_path), last_step))
         proc.start()
         time.sleep(rng.uniform(0.02, 0.4))
-        assert proc.pid is not None
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.join(timeout=30)
-        assert proc.exitcode == -signal.SIGKILL
-        step = _check_directory(tmp_path)
-        assert step >= last_step, "latest went backwards"
-        last_step = step
-        killed_mid_write += any(".tmp-" in p.name for p in tmp_path.iterdir())
+        step, mid_write = _kill_and_check(proc, tmp_path, last_step)
+        last_step, killed_mid_write = step, killed_mid_write + mid_write
         # The loader tries the file `latest` names first; with no `latest` yet (a kill between
         # the first rename and the first `latest` write) it finds the published file by scanning.
         published = max((checkpoint_step(p) or 0 for p in list_checkpoints(tmp_path)), default=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,3 +43,20 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def explain(proc: subprocess.CompletedProcess[str]) -> str:
     return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+
+
+def start_until_checkpoint(run_dir: Path, *args: str) -> subprocess.Popen[str]:
+    """A training run started in the background, returned once it has a checkpoint (<= 120 s)."""
+    proc = subprocess.Popen(
+        train_cmd(run_dir, *args),
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoints" / "latest").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.02)
+    return proc

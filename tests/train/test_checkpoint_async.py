@@ -4,8 +4,6 @@ resumes from it, and at 2 ranks every rank's part reaches the file."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import time
 
 import h5py
 import pytest
@@ -14,7 +12,7 @@ from kfac_hpc.checkpoint import read_checkpoint
 from kfac_hpc.checkpoint.files import read_latest
 from kfac_hpc.contracts import validate_run_dir
 
-from .conftest import clean_env, explain, read_json, run_plain, run_ranks, train_cmd
+from .conftest import explain, read_json, run_plain, run_ranks, start_until_checkpoint
 
 ARGS = ("--epochs", "6", "--checkpoint-every", "10", "--checkpoint-async")
 TOTAL_STEPS = 6 * 22
@@ -22,18 +20,7 @@ TOTAL_STEPS = 6 * 22
 
 def test_preempted_async_run_exits_75_with_its_checkpoint_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        train_cmd(run_dir, *ARGS),
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoints" / "latest").exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "no checkpoint within 120 s"
-        time.sleep(0.02)
+    proc = start_until_checkpoint(run_dir, *ARGS)
     proc.send_signal(signal.SIGUSR2)
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, err

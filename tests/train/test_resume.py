@@ -3,31 +3,13 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import time
 
 from kfac_hpc.contracts import validate_run_dir
 
-from .conftest import clean_env, explain, read_json, run_plain, train_cmd
+from .conftest import explain, read_json, run_plain, start_until_checkpoint
 
 ARGS = ("--epochs", "10", "--checkpoint-every", "10")
 TOTAL_STEPS = 10 * 22
-
-
-def _start_and_wait_for_checkpoint(run_dir):
-    proc = subprocess.Popen(
-        train_cmd(run_dir, *ARGS),
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not (run_dir / "checkpoints" / "latest").exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "no checkpoint within 120 s"
-        time.sleep(0.02)
-    return proc
 
 
 def _restart_and_finish(run_dir):
@@ -46,7 +28,7 @@ def _restart_and_finish(run_dir):
 
 def test_killed_run_resumes_from_its_latest_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    proc = _start_and_wait_for_checkpoint(run_dir)
+    proc = start_until_checkpoint(run_dir, *ARGS)
     proc.kill()
     proc.communicate(timeout=60)
     assert not (run_dir / "done").exists()
@@ -57,7 +39,7 @@ def test_killed_run_resumes_from_its_latest_checkpoint(tmp_path):
 
 def test_preempted_run_exits_75_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
-    proc = _start_and_wait_for_checkpoint(run_dir)
+    proc = start_until_checkpoint(run_dir, *ARGS)
     proc.send_signal(signal.SIGUSR2)
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, err
