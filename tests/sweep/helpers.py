@@ -34,7 +34,7 @@ def cli(
     )
 
 
-SCALING_HEADER = ["group", "nodes", "runs", "points", "samples_per_s_median"]
+SCALING_HEADER = ["configuration", "nodes", "done", "points", "throughput"]  # titles for people
 
 
 def assert_scaling_report(
