@@ -21,8 +21,9 @@ ranks), and DHO2 with pipelined curvature (``--curvature-ranks 1``, P > 1 only: 
 computes the ESEs, the others train on (P − 1)/P of the global batch).
 
 1. ``--tune``: each method's lr grid once at P = 1; the lr with the fewest steps to target (the
-   shorter time on a tie) is kept for every P (K-FAC-reduce takes K-FAC's; FOSI and DHO2 take
-   their base's, SGD's); rounds measured at an lr no longer chosen are dropped.
+   shorter time on a tie) is kept for every P (K-FAC-reduce takes K-FAC's, DHO2 FOSI's; FOSI
+   has its own grid: it scales its SGD base's update by up to 3, so SGD's lr diverges with it);
+   rounds measured at an lr no longer chosen are dropped.
 2. ``--round R``: every method at each of ``--ranks`` once, in a fixed order, so machine noise
    hits all alike; a stored (round, P, method) is replaced.
 3. ``--report``: per (P, method) the median, min and max over rounds of the time to target (the
@@ -84,8 +85,9 @@ METHODS: dict[str, tuple[list[str], tuple[float, ...] | str, int]] = {
     "adam": (["--no-kfac", "--optimizer", "adam"], (0.001, 0.003, 0.01), 1),
     "sgd+kfac": (KFAC, (0.05, 0.1, 0.2), 1),
     "sgd+kfac-reduce": ([*KFAC, "--kfac-approx", "reduce"], "sgd+kfac", 1),
-    "fosi": (FOSI, "sgd", 1),
-    "dho2-pipelined": ([*FOSI, "--curvature-ranks", "1"], "sgd", 2),
+    # FOSI scales the SGD update by up to --fosi-clip (3): SGD's lr diverges with it
+    "fosi": (FOSI, (0.05, 0.1, 0.2), 1),
+    "dho2-pipelined": ([*FOSI, "--curvature-ranks", "1"], "fosi", 2),
 }
 
 

@@ -5,7 +5,8 @@ coordinate sharding (sharding.py), the ZeRO-1 base optimizer (sharded_base.py) a
 ranks pipelined with training (pipeline.py). docs/fosi.md explains the algorithm and options.
 """
 
+from kfac_hpc.optim.fosi.lanczos import NonFiniteCurvature
 from kfac_hpc.optim.fosi.optimizer import FOSI
 from kfac_hpc.optim.fosi.options import FOSIOptions
 
-__all__ = ["FOSI", "FOSIOptions"]
+__all__ = ["FOSI", "FOSIOptions", "NonFiniteCurvature"]

@@ -7,12 +7,20 @@ the ``j`` vectors so far is a local ``(j × n_r) @ (n_r,)`` plus an allreduce of
 after the three-term recurrence (classical Gram-Schmidt, repeated once when the pass cancelled
 much of the vector: the DGKS criterion, which keeps the basis orthogonal to rounding at about
 half the cost of always passing twice). The tridiagonal matrix is the same on every rank; its
-eigenpairs give the Ritz values and, with the local basis, each rank's slice of the Ritz
-vectors.
+eigenpairs (float64) give the Ritz values and, with the local basis, each rank's slice of the
+Ritz vectors.
+
+Breakdown: when the residual is rounding noise relative to the largest ``|H q|`` seen (the
+Krylov space is invariant: H has fewer distinct eigenvalues than the steps asked, or the start
+vector lies in an invariant subspace), Lanczos stops and returns the Ritz pairs of the space it
+has, which are exact eigenpairs then. A product ``H q`` that is not finite (NaN or inf, e.g.
+parameters that diverged) raises :class:`NonFiniteCurvature` on every rank alike (the check is
+on allreduced numbers).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,10 +28,10 @@ import torch
 
 from kfac_hpc.optim.fosi.sharding import CoordinateShard
 
-__all__ = ["ExtremeSpectrum", "lanczos_extremes"]
+__all__ = ["ExtremeSpectrum", "NonFiniteCurvature", "lanczos_extremes", "tridiagonal_eigh"]
 
 # A Krylov space is exhausted (invariant) when the new residual is this small relative to the
-# largest Ritz value so far: the next vector would be rounding noise.
+# largest |H q| so far (an estimate of |H|): the next vector would be rounding noise.
 _BREAKDOWN = 1e-10
 # A reorthogonalization pass that keeps more than this fraction of the norm left the vector
 # orthogonal to the basis to rounding; otherwise it is repeated once.
@@ -46,6 +54,10 @@ class ExtremeSpectrum:
     basis_bytes: int
 
 
+class NonFiniteCurvature(ArithmeticError):
+    """A Hessian-vector product of the ESE is NaN or inf (on some rank)."""
+
+
 def _dot(shard: CoordinateShard, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """⟨a, b⟩ over all coordinates (one allreduced number)."""
     return shard.allreduce((a * b).sum().reshape(1))[0]
@@ -59,6 +71,29 @@ def _start_vector(shard: CoordinateShard, seed: int) -> torch.Tensor:
     return shard.local(full / full.norm()).clone()
 
 
+def tridiagonal_eigh(
+    diagonal: torch.Tensor, off: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvalues (ascending, float64 ``(s,)``) and orthonormal eigenvectors (columns,
+    ``(s, s)``) of the symmetric tridiagonal matrix with this ``diagonal`` and ``off``-diagonal.
+
+    ``torch.linalg.eigh`` in float64; should LAPACK's divide and conquer not converge, the same
+    pairs from the SVD of the matrix shifted to positive definite (T + c I, c = 1 + the
+    Gershgorin bound: its singular values are λ + c, its singular vectors T's eigenvectors).
+    """
+    tri = torch.diag(diagonal.to(torch.float64))
+    off = off.to(torch.float64)
+    tri += torch.diag(off, 1) + torch.diag(off, -1)
+    try:
+        values, vectors = torch.linalg.eigh(tri)
+    except torch.linalg.LinAlgError:
+        shift = 1.0 + float(tri.abs().sum(dim=1).max())
+        eye = torch.eye(len(tri), dtype=tri.dtype)
+        left, singular, _ = torch.linalg.svd(tri + shift * eye)
+        values, vectors = (singular - shift).flip(0), left.flip(1)
+    return values, vectors
+
+
 def lanczos_extremes(
     hvp: Callable[[torch.Tensor], torch.Tensor],
     shard: CoordinateShard,
@@ -70,7 +105,8 @@ def lanczos_extremes(
     """Lanczos on the symmetric operator ``hvp`` (local float64 ``(n_r,)`` slice in, the same
     slice of ``H v`` out; it may communicate) for ``iterations`` steps.
 
-    Needs ``k + l <= iterations <= n``.
+    Needs ``k + l <= iterations <= n``. Raises :class:`NonFiniteCurvature` when a product is
+    not finite.
     """
     m = iterations
     basis = torch.zeros(m, shard.size, dtype=torch.float64)
@@ -78,10 +114,18 @@ def lanczos_extremes(
     betas = torch.zeros(m, dtype=torch.float64)
     q = _start_vector(shard, seed)
     steps = m
+    scale = 0.0  # the largest |H q| so far
     for j in range(m):
         basis[j] = q
         w = hvp(q)
-        alphas[j] = _dot(shard, w, q)
+        sums = shard.allreduce(torch.stack([(w * q).sum(), (w * w).sum()]))  # ⟨Hq, q⟩, |Hq|²
+        alphas[j] = sums[0]
+        length = sums[1].sqrt().item()
+        if not (alphas[j].isfinite().item() and math.isfinite(length)):
+            raise NonFiniteCurvature(
+                f"Lanczos step {j + 1}: the Hessian-vector product is not finite (NaN or inf)"
+            )
+        scale = max(scale, length)
         w -= alphas[j] * q  # the three-term recurrence first (O(n) per rank) ...
         if j > 0:
             w -= betas[j - 1] * basis[j - 1]
@@ -93,16 +137,12 @@ def lanczos_extremes(
             if beta > _DGKS * norm:  # Daniel-Gragg-Kaufman-Stewart: orthogonal to rounding
                 break
             norm = beta
-        scale = max(alphas[: j + 1].abs().max().item(), 1.0)
         if j == m - 1 or beta.item() <= _BREAKDOWN * scale:
             steps = j + 1
             break
         betas[j] = beta
         q = w / beta
-    tri = torch.diag(alphas[:steps])
-    off = betas[: steps - 1]
-    tri += torch.diag(off, 1) + torch.diag(off, -1)
-    ritz, rotation = torch.linalg.eigh(tri)  # ascending
+    ritz, rotation = tridiagonal_eigh(alphas[:steps], betas[: steps - 1])
     take = min(k, steps)
     low = min(l, steps - take)
     index = torch.cat(

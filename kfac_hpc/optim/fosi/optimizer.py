@@ -14,6 +14,7 @@ state) is sharded over parameter coordinates: see sharding.py, sharded_base.py, 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -23,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from kfac_hpc.optim.fosi.hvp import HessianVectorProduct
-from kfac_hpc.optim.fosi.lanczos import ExtremeSpectrum, lanczos_extremes
+from kfac_hpc.optim.fosi.lanczos import ExtremeSpectrum, NonFiniteCurvature, lanczos_extremes
 from kfac_hpc.optim.fosi.options import FOSIOptions
 from kfac_hpc.optim.fosi.pipeline import CurvaturePipeline
 from kfac_hpc.optim.fosi.sharded_base import ShardedBase, weight_decay_vector
@@ -232,7 +233,8 @@ class FOSI(torch.optim.Optimizer):
     # -- ESE --------------------------------------------------------------------------
     def _estimate(self, closure: Closure, seed: int) -> tuple[ExtremeSpectrum, torch.Tensor | None]:
         """Lanczos on the mean Hessian (+ weight decay) of every rank's closure loss; the
-        module's buffers are restored afterwards."""
+        module's buffers are restored afterwards. Raises :class:`NonFiniteCurvature` (on every
+        rank) when a Hessian-vector product is NaN or inf, naming the step and the loss."""
         started = time.perf_counter()
         buffers = [] if self.model is None else [b.clone() for b in self.model.buffers()]
         hvp = HessianVectorProduct(self.params, closure, self.model, self.options.hvp)
@@ -244,7 +246,20 @@ class FOSI(torch.optim.Optimizer):
             return shard.reduce_scatter_mean(hv).to(torch.float64) + wd * q
 
         m = min(self.options.iterations, self.n)
-        spectrum = lanczos_extremes(operator, shard, self.options.k, self.options.l, m, seed)
+        try:
+            spectrum = lanczos_extremes(operator, shard, self.options.k, self.options.l, m, seed)
+        except NonFiniteCurvature as exc:
+            loss = float("nan") if hvp.loss is None else float(hvp.loss)
+            cause = (
+                "the parameters or the loss are not finite: training diverged before this ESE; "
+                "lower the learning rate, alpha or clip"
+                if not (math.isfinite(loss) and bool(torch.isfinite(flatten(self.params)).all()))
+                else "the loss is finite but its curvature overflowed"
+            )
+            raise NonFiniteCurvature(
+                f"FOSI: ESE at step {self.step_count}: {exc}; curvature-batch loss {loss:.6g}: "
+                f"{cause}"
+            ) from None
         if self.model is not None:
             for live, saved in zip(self.model.buffers(), buffers, strict=True):
                 live.copy_(saved)
