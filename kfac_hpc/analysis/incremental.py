@@ -96,9 +96,10 @@ def collect_tables(source: Path, target_accuracy: float | None = None) -> Collec
     store = RunCache(source)
     per_run: list[JSON | None] = []
     tasks: list[tuple[int, _Task]] = []
+    shown = sorted(varying)
     for index, (path, point) in enumerate(items):
         sig = signature(path, point)
-        context = json.dumps([str(path), sorted(varying), target_accuracy])
+        context = json.dumps([str(path), shown, target_accuracy])
         rows = store.rows(path, sig, context)
         per_run.append(rows)
         if rows is None:

@@ -45,18 +45,21 @@ def explain(proc: subprocess.CompletedProcess[str]) -> str:
     return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
 
 
-def start_until_checkpoint(run_dir: Path, *args: str) -> subprocess.Popen[str]:
-    """A training run started in the background, returned once it has a checkpoint (<= 120 s)."""
+def start_until_checkpoint(
+    run_dir: Path, *args: str, launcher: tuple[str, ...] = (), timeout_s: float = 120
+) -> subprocess.Popen[str]:
+    """A training run started in the background (behind ``launcher``, e.g. mpiexec -n 2),
+    returned once it has a checkpoint (within ``timeout_s``)."""
     proc = subprocess.Popen(
-        train_cmd(run_dir, *args),
+        [*launcher, *train_cmd(run_dir, *args)],
         env=clean_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout_s
     while not (run_dir / "checkpoints" / "latest").exists():
         assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "no checkpoint within 120 s"
+        assert time.monotonic() < deadline, f"no checkpoint within {timeout_s:g} s"
         time.sleep(0.02)
     return proc

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,15 @@ from kfac_hpc.cli import main
 from kfac_hpc.contracts import validate_run_dir
 from kfac_hpc.train.config import load_config
 
-from .conftest import QUICK, clean_env, explain, metrics, read_json, run_ranks, train_cmd
+from .conftest import (
+    QUICK,
+    explain,
+    metrics,
+    read_json,
+    run_ranks,
+    start_until_checkpoint,
+    train_cmd,
+)
 
 # Small FOSI: one ESE at step 3 (then every 100), k = 4 with 8 Lanczos steps.
 FOSI = ["--fosi", "--fosi-k", "4", "--lanczos-iters", "8", "--fosi-warmup", "3"]
@@ -163,18 +169,7 @@ def test_usr2_on_one_rank_exits_75_and_resumes_to_the_uninterrupted_result(tmp_p
     run, straight = tmp_path / "run", tmp_path / "straight"
     args = [*FOSI, "--steps", "160", "--checkpoint-every", "40", "--ese-every", "50"]
     mpiexec = str(Path(train_cmd(run)[0]).parent / "mpiexec")
-    proc = subprocess.Popen(
-        [mpiexec, "-n", "2", *train_cmd(run, *args)],
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 180
-    while not (run / "checkpoints" / "latest").exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "no checkpoint within 180 s"
-        time.sleep(0.05)
+    proc = start_until_checkpoint(run, *args, launcher=(mpiexec, "-n", "2"), timeout_s=180)
     pids = _rank_pids(run)
     assert len(pids) == 2, pids
     os.kill(pids[1], signal.SIGUSR2)
