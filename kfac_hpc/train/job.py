@@ -4,10 +4,16 @@ checkpoints, and the facts of ``run.json`` that only the live job knows.
 The training method is built from the registry (:mod:`kfac_hpc.train.methods`); the job never
 asks which method it runs. Preemption is agreed once per step by
 :meth:`~kfac_hpc.train.preemption.PreemptionHandler.should_stop`.
+
+A run whose training loss or parameters become non-finite stops with
+:class:`TrainingDiverged` on every rank alike, and never checkpoints that state: rank 0 sees a
+non-finite window loss and says so in the next step's flags; a checkpoint first checks that the
+parameters are finite on every rank.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,7 +51,22 @@ from kfac_hpc.train.step import TrainStep, evaluate
 from kfac_hpc.train.summary import AttemptLog
 from kfac_hpc.train.timing import PhaseTimer, phase_timer
 
-__all__ = ["Job", "Position"]
+__all__ = ["Job", "Position", "TrainingDiverged"]
+
+_RETRY = "lower --lr (or, with K-FAC, raise --damping) and start a new run"
+
+
+class TrainingDiverged(ArithmeticError):
+    """The loss or the parameters became non-finite: the run stops, that state unsaved."""
+
+
+def _stop_if_diverged(step: float) -> None:
+    """Raise TrainingDiverged when ``step`` (agreed by every rank) names a diverged window."""
+    if step > 0:
+        raise TrainingDiverged(
+            f"the training loss became non-finite in the window ending at step {int(step)}; "
+            f"the run stopped without checkpointing that state: {_RETRY}"
+        )
 
 
 @contextmanager
@@ -116,6 +137,7 @@ class Job:
         extra = tuple(p for p in self.method.phases if p not in PHASES)
         self.timer: PhaseTimer = phase_timer(config.cuda_sync, ctx.device, PHASES + extra)
         self.reached_target = False
+        self.diverged_at = 0  # rank 0: the step ending the first window with a non-finite loss
         self.last_ckpt_time = time.perf_counter()
 
     def wall_s(self) -> float:
@@ -165,13 +187,14 @@ class Job:
                 dist.broadcast(tensor, src=0)
 
     def _local_flags(self) -> list[float]:
-        """[time limit reached here, checkpoint due by rank 0's clock]."""
+        """[time limit reached here, checkpoint due by rank 0's clock, the step at which rank 0
+        saw the loss diverge (0: it did not)]."""
         now = time.perf_counter()
         limit = self.config.time_limit_s
         time_up = limit is not None and self.wall_s() >= limit
         every = self.config.checkpoint_every_min
         due = self.rank == 0 and every is not None and now - self.last_ckpt_time >= every * 60
-        return [float(time_up), float(due)]
+        return [float(time_up), float(due), float(self.diverged_at)]
 
     # ----------------------------------------------------------------- evaluation
     def evaluate(self, step: int) -> float:
@@ -197,6 +220,7 @@ class Job:
     # ----------------------------------------------------------------- checkpoints
     def save(self, step: int) -> None:
         self.method.synchronize()
+        self._check_finite_parameters(step)
         self._average_buffers()
         epoch, index = divmod(step, self.steps_per_epoch)
         state = capture_training_state(
@@ -214,6 +238,18 @@ class Job:
         )
         (self.writer or self.manager).save(state)
         self.last_ckpt_time = time.perf_counter()
+
+    def _check_finite_parameters(self, step: int) -> None:
+        """Raise TrainingDiverged on every rank when any rank's parameters are non-finite."""
+        finite = torch.stack([p.detach().isfinite().all() for p in self.model.parameters()])
+        bad = (~finite).any().to(torch.float64).reshape(1).to(self.comm_device)
+        if self.world_size > 1:
+            dist.all_reduce(bad)
+        if bad.item() > 0:
+            raise TrainingDiverged(
+                f"the model's parameters are non-finite at step {step}; no checkpoint of them "
+                f"was written: {_RETRY}"
+            )
 
     # ----------------------------------------------------------------- the loop
     def loop(
@@ -233,6 +269,7 @@ class Job:
             loss, flags = self.step(pos.step, lr, self._local_flags(), self.timer)
             pos.step += 1
             recorder.add_loss(loss)
+            _stop_if_diverged(flags[2])
             preempted = preemption.should_stop()
             self.timer.skip()  # the agreement is neither optimizer nor checkpoint time
             every = config.checkpoint_every_steps
@@ -260,6 +297,8 @@ class Job:
     def _close_window(self, recorder: WindowRecorder, step: int, progress: Progress) -> None:
         record = recorder.close(self.timer, step, step // self.steps_per_epoch, self.wall_s())
         progress.window(step, record)
+        if record and not self.diverged_at and not math.isfinite(record["loss"]):
+            self.diverged_at = step
 
     def _evaluate_at(self, step: int, progress: Progress) -> None:
         accuracy = self.evaluate(step)
@@ -272,6 +311,10 @@ class Job:
         """Close the last window, evaluate if the last step was not evaluated, and save a final
         checkpoint when checkpointing is on (so a longer run can continue from it)."""
         self._close_window(recorder, pos.step, progress)
+        seen = torch.tensor([float(self.diverged_at)], dtype=torch.float64, device=self.comm_device)
+        if self.world_size > 1:  # the last window was seen by rank 0 only
+            dist.all_reduce(seen)
+        _stop_if_diverged(seen.item())
         if end != "preempted" and not self._evaluation_due(pos.step):
             self._evaluate_at(pos.step, progress)
         checkpointing = self.config.checkpoint_every_steps or self.config.checkpoint_every_min

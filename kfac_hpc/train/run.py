@@ -18,7 +18,7 @@ from kfac_hpc.contracts import SCHEMA_VERSION, ExitCode, RunDir, write_json_atom
 from kfac_hpc.runtime import DistributedContext, init_distributed, shutdown
 from kfac_hpc.train.config import ConfigError, TrainConfig, check_run_dir
 from kfac_hpc.train.data import DataSource, load_data
-from kfac_hpc.train.job import Job, Position
+from kfac_hpc.train.job import Job, Position, TrainingDiverged
 from kfac_hpc.train.preemption import REQUEUE_EXIT_CODE, PreemptionHandler
 from kfac_hpc.train.progress import Progress
 from kfac_hpc.train.records import WindowRecorder
@@ -169,7 +169,10 @@ def _fail(run_dir: RunDir, ctx: DistributedContext, job: Job | None, exc: BaseEx
             job.attempts.end(job.attempt, facts["steps"], attempt_s, "error")
             write_json_atomic(run_dir.run, build_summary(run_dir, "error", facts, message))
     finally:
-        traceback.print_exception(exc)
+        if isinstance(exc, TrainingDiverged):  # the user's input, not a bug: no traceback
+            print(f"kfac-hpc train: {message}", file=sys.stderr)
+        else:
+            traceback.print_exception(exc)
         sys.stdout.flush()
         sys.stderr.flush()
         if ctx.world_size > 1:

@@ -1,13 +1,18 @@
-"""A rank that raises ends the run cleanly on every launcher path: `error` marker, exit 1."""
+"""A rank that raises, or a run whose loss diverges, ends cleanly on every launcher path:
+`error` marker, exit 1."""
 
 from __future__ import annotations
 
-import pytest
+import re
 
+import pytest
+import torch
+
+from kfac_hpc.checkpoint import load_checkpoint
 from kfac_hpc.contracts import validate_run_dir
 from kfac_hpc.train.faults import ENV
 
-from .conftest import explain, read_json, run_plain, run_ranks
+from .conftest import explain, metrics, read_json, run_plain, run_ranks
 
 
 def _check_error(run_dir, rank, step):
@@ -47,3 +52,43 @@ def test_retry_after_an_error_clears_the_marker(tmp_path):
     assert (run_dir / "done").exists() and not (run_dir / "error").exists()
     assert validate_run_dir(run_dir) == []
     assert [a["end"] for a in read_json(run_dir / "run.json")["attempts"]] == ["error", "done"]
+
+
+# A learning rate of 10^4 without K-FAC drives the small CNN's loss to inf/NaN within a few steps.
+DIVERGING = ("--no-kfac", "--lr", "1e4", "--steps", "40")
+
+
+def _check_diverged(run_dir, proc, world_size):
+    assert proc.returncode == 1, explain(proc)
+    assert read_json(run_dir / "config.json")["world_size"] == world_size
+    message = (run_dir / "error").read_text()
+    assert "TrainingDiverged" in message and "non-finite" in message and "--lr" in message
+    assert "Traceback" not in proc.stderr  # a diverged run is the user's input, not a bug
+    assert not (run_dir / "done").exists()
+    assert read_json(run_dir / "run.json")["state"] == "error"
+    trained = metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    assert max((r["step"] for r in trained), default=0) < 40  # it stopped, not trained on
+    assert validate_run_dir(run_dir) == []
+    return message
+
+
+def test_a_diverging_run_stops_with_an_error_and_checkpoints_only_finite_states(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_plain(run_dir, *DIVERGING, "--checkpoint-every", "1")
+    message = _check_diverged(run_dir, proc, 1)
+    found = re.search(r"parameters are non-finite at step (\d+); no checkpoint", message)
+    assert found, message
+    saved = [load_checkpoint(p) for p in sorted((run_dir / "checkpoints").glob("*.h5"))]
+    # the latest checkpoint is the step before the divergence (the 2 newest are kept)
+    assert [c.step for c in saved][-1:] == [int(found[1]) - 1], message
+    for checkpoint in saved:
+        tensors = [t for params in checkpoint.tree["model"].values() for t in params.values()]
+        assert tensors and all(torch.isfinite(t).all() for t in tensors), checkpoint.path
+
+
+@pytest.mark.mpi
+def test_every_rank_stops_when_rank_0_sees_the_loss_diverge(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_ranks(2, run_dir, *DIVERGING)
+    message = _check_diverged(run_dir, proc, 2)
+    assert "loss became non-finite in the window ending at step" in message
