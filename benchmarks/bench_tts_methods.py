@@ -44,6 +44,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -78,17 +81,38 @@ KFAC = ["--kfac", "--factor-update-steps", "10", "--inv-update-steps", "100"]
 KFAC += ["--damping", "0.003", "--kl-clip", "0.001"]
 FOSI = ["--fosi", "--fosi-k", "10", "--lanczos-iters", "20", "--fosi-warmup", "20"]
 FOSI += ["--ese-every", "200", "--fosi-alpha", "0.01"]
-SGD_GRID = (0.1, 0.2, 0.4)
-# method: (flags, lr grid, or the method whose tuned lr it takes, and the smallest P)
-METHODS: dict[str, tuple[list[str], tuple[float, ...] | str, int]] = {
-    "sgd": (["--no-kfac"], SGD_GRID, 1),
-    "adam": (["--no-kfac", "--optimizer", "adam"], (0.001, 0.003, 0.01), 1),
-    "sgd+kfac": (KFAC, (0.05, 0.1, 0.2), 1),
+# a grid point: job options (names as in the job's config) and their values
+Setting = dict[str, float]
+
+
+def grid(**axes: tuple[float, ...]) -> tuple[Setting, ...]:
+    """Every combination of the values of ``axes`` (option name -> values), the last fastest."""
+    return tuple(dict(zip(axes, values, strict=True)) for values in product(*axes.values()))
+
+
+# method: (flags, grid, or the method whose tuned setting it takes, and the smallest P)
+METHODS: dict[str, tuple[list[str], tuple[Setting, ...] | str, int]] = {
+    "sgd": (["--no-kfac"], grid(lr=(0.1, 0.2, 0.4)), 1),
+    "adam": (["--no-kfac", "--optimizer", "adam"], grid(lr=(0.001, 0.003, 0.01)), 1),
+    "sgd+kfac": (KFAC, grid(lr=(0.05, 0.1, 0.2)), 1),
     "sgd+kfac-reduce": ([*KFAC, "--kfac-approx", "reduce"], "sgd+kfac", 1),
     # FOSI scales the SGD update by up to --fosi-clip (3): SGD's lr diverges with it
-    "fosi": (FOSI, (0.05, 0.1, 0.2), 1),
+    "fosi": (FOSI, grid(lr=(0.05, 0.1, 0.2)), 1),
     "dho2-pipelined": ([*FOSI, "--curvature-ranks", "1"], "fosi", 2),
 }
+
+# what --tune searched, as stored (a changed grid is another task: tuning starts afresh)
+GRIDS = json.loads(json.dumps({m: g for m, (_, g, _) in METHODS.items()}))
+
+
+def as_flags(setting: Setting) -> list[str]:
+    """The job's command-line flags of ``setting``."""
+    return [f for k, v in setting.items() for f in (f"--{k.replace('_', '-')}", f"{v:g}")]
+
+
+def label(setting: Setting) -> str:
+    """``setting`` in a few characters, e.g. ``lr 0.2 momentum 0.9``."""
+    return " ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in setting.items())
 
 
 def data_cache() -> Path:
@@ -102,7 +126,7 @@ def data_cache() -> Path:
     return cache
 
 
-def run(ranks: int, method: str, lr: float, cache: Path, work: Path) -> dict[str, Any]:
+def run(ranks: int, method: str, setting: Setting, cache: Path, work: Path) -> dict[str, Any]:
     """One real run; its run.json figures (time to target None when not reached), or, when
     the job fails, ``error``: the last line it wrote (a failure is a result, not the end)."""
     run_dir = Path(tempfile.mkdtemp(dir=work)) / "run"
@@ -112,8 +136,7 @@ def run(ranks: int, method: str, lr: float, cache: Path, work: Path) -> dict[str
         "--data-path",
         str(cache),
         *METHODS[method][0],
-        "--lr",
-        str(lr),
+        *as_flags(setting),
     ]
     cmd = [str(BIN / "kfac-hpc"), "train", "--run-dir", str(run_dir), *args]
     if ranks > 1:
@@ -122,7 +145,7 @@ def run(ranks: int, method: str, lr: float, cache: Path, work: Path) -> dict[str
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
-        return {"ranks": ranks, "method": method, "lr": lr, "error": lines[-1][:300]}
+        return {"ranks": ranks, "method": method, "setting": setting, "error": lines[-1][:300]}
     summary = json.loads((run_dir / "run.json").read_text())
     if summary["world_size"] != ranks:
         raise RuntimeError(f"{method}: asked for {ranks} ranks, ran on {summary['world_size']}")
@@ -131,7 +154,7 @@ def run(ranks: int, method: str, lr: float, cache: Path, work: Path) -> dict[str
     return {
         "ranks": ranks,
         "method": method,
-        "lr": lr,
+        "setting": setting,
         "tts_s": summary["time_to_target_s"],
         "steps": summary["step_to_target"],
         "best_accuracy": summary["best_accuracy"],
@@ -146,11 +169,11 @@ def load_results(fresh_task: bool = False) -> dict[str, Any]:
     """The stored results; a new file when there is none or (with ``fresh_task``, for
     tuning) when it holds another task."""
     stored: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    if stored.get("task") == TASK:
+    if stored.get("task") == TASK and stored.get("grids") == GRIDS:
         return stored
     if stored and not fresh_task:
         sys.exit(f"{RESULTS.name} holds another task: run --tune first (it starts afresh)")
-    return {"task": TASK, "lr": {}, "tune": [], "runs": [], "load": []}
+    return {"task": TASK, "grids": GRIDS, "chosen": {}, "tune": [], "runs": [], "load": []}
 
 
 def save(results: dict[str, Any]) -> None:
@@ -162,42 +185,46 @@ def save(results: dict[str, Any]) -> None:
 
 def _show(r: dict[str, Any], prefix: str) -> None:
     if "error" in r:
-        print(f"  {prefix} P={r['ranks']} {r['method']:16s} lr={r['lr']:<6g} failed: {r['error']}")
+        print(f"  {prefix} P={r['ranks']} {r['method']:16s} {label(r['setting'])}: {r['error']}")
         return
     tts = "not reached" if r["tts_s"] is None else f"{r['tts_s']:.1f} s"
-    print(f"  {prefix} P={r['ranks']} {r['method']:16s} lr={r['lr']:<6g} {tts:12s} "
+    print(f"  {prefix} P={r['ranks']} {r['method']:16s} {label(r['setting']):24s} {tts:12s} "
           f"steps={r['steps']} step={1e3 * r['step_s']:.1f} ms best={r['best_accuracy']:.3f}",
           flush=True)  # fmt: skip
 
 
 def follow(results: dict[str, Any]) -> None:
-    """A method without a grid takes the tuned lr of the method it names."""
+    """A method without a grid takes the tuned setting of the method it names."""
     for method, (_, source, _) in METHODS.items():
-        if isinstance(source, str) and source in results["lr"]:
-            results["lr"][method] = results["lr"][source]
+        if isinstance(source, str) and source in results["chosen"]:
+            results["chosen"][method] = results["chosen"][source]
 
 
-def tune(results: dict[str, Any], methods: list[str], cache: Path, work: Path) -> None:
-    """The grids of ``methods`` at P = 1; their lrs (and those that follow them) are stored,
-    and rounds measured with other lrs are dropped."""
+def tune(results: dict[str, Any], methods: list[str], cache: Path, work: Path, jobs: int) -> None:
+    """The grids of ``methods`` at P = 1 (``jobs`` runs at a time: steps decide, time only
+    breaks ties); their settings (and those that follow them) are stored, and rounds measured
+    with other settings are dropped."""
     for method in methods:
-        grid = METHODS[method][1]
-        if isinstance(grid, str):
+        points = METHODS[method][1]
+        if isinstance(points, str):
             continue
+        with ThreadPoolExecutor(jobs) as pool:
+            done = list(pool.map(partial(run, 1, method, cache=cache, work=work), points))
         scored = []
-        for lr in grid:
-            r = run(1, method, lr, cache, work)
+        for r in done:
+            key = (method, r["setting"])
             results["tune"] = [
-                *[t for t in results["tune"] if t["method"] != method or t["lr"] != lr],
+                *[t for t in results["tune"] if (t["method"], t["setting"]) != key],
                 r,
             ]
             _show(r, "tune")
             tts = r.get("tts_s")
-            scored.append(((tts is None, r.get("steps") or 0, tts or 0.0), lr))
-        results["lr"][method] = min(scored)[1]
+            scored.append(((tts is None, r.get("steps") or 0, tts or 0.0), len(scored)))
+        results["chosen"][method] = points[min(scored)[1]]
         follow(results)
         save(results)
-    results["runs"] = [r for r in results["runs"] if results["lr"].get(r["method"]) == r["lr"]]
+    chosen = results["chosen"]
+    results["runs"] = [r for r in results["runs"] if chosen.get(r["method"]) == r["setting"]]
 
 
 def run_round(
@@ -210,14 +237,14 @@ def run_round(
 ) -> None:
     """Every (P, method) once; replaces what the file held for this round and these cells."""
     follow(results)
-    untuned = [m for m in methods if m not in results["lr"]]
+    untuned = [m for m in methods if m not in results["chosen"]]
     if untuned:
-        sys.exit(f"no tuned learning rate stored for {', '.join(untuned)}: run --tune first")
+        sys.exit(f"no tuned setting stored for {', '.join(untuned)}: run --tune first")
     for p in ranks:
         for method in methods:
             if p < METHODS[method][2]:
                 continue
-            r = {"round": index, **run(p, method, results["lr"][method], cache, work)}
+            r = {"round": index, **run(p, method, results["chosen"][method], cache, work)}
             _show(r, f"round {index}")
             key = (index, p, method)
             runs = [x for x in results["runs"] if (x["round"], x["ranks"], x["method"]) != key]
@@ -232,14 +259,13 @@ def report(results: dict[str, Any]) -> None:
         cells.setdefault((r["ranks"], r["method"]), []).append(r)
     print(f"MNIST-1D, cnn1d x160, batch 1024, time to {TARGET:.0%} test accuracy "
           "(median [min-max] over rounds)")  # fmt: skip
-    print(" P  method            lr      tts s, median [min-max]  rounds  steps  step ms  "
-          "vs SGD  ESE share  peak RSS MiB")  # fmt: skip
+    print(" P  method            tts s, median [min-max]  rounds  steps  step ms  "
+          "vs SGD  ESE share  peak RSS MiB  setting")  # fmt: skip
     sgd: dict[int, float] = {}
     for (p, m), every in cells.items():
         runs = [r for r in every if "error" not in r]
         if not runs:
-            print(f"{p:2d}  {m:16s}  {results['lr'][m]:<6g}  failed {len(every)}/{len(every)}: "
-                  f"{every[-1]['error']}")  # fmt: skip
+            print(f"{p:2d}  {m:16s}  failed {len(every)}/{len(every)}: {every[-1]['error']}")
             continue
         times = [r["tts_s"] for r in runs if r["tts_s"] is not None]
         med = statistics.median(times) if times and len(times) == len(every) else None
@@ -255,11 +281,11 @@ def report(results: dict[str, Any]) -> None:
         step_ms = 1e3 * statistics.median(r["step_s"] for r in runs)
         ese = statistics.median(r["ese_share"] for r in runs)
         rss = max(r["rss_mib"] for r in runs)
-        print(f"{p:2d}  {m:16s}  {results['lr'][m]:<6g}  {tts:23s}  {len(every):6d}  {steps:5g}  "
-              f"{step_ms:7.1f}  {ratio:>6s}  {ese:9.1%}  {rss:12.0f}")  # fmt: skip
-    print("lr grid at P = 1 (one run each; * chosen):")
+        print(f"{p:2d}  {m:16s}  {tts:23s}  {len(every):6d}  {steps:5g}  {step_ms:7.1f}  "
+              f"{ratio:>6s}  {ese:9.1%}  {rss:12.0f}  {label(results['chosen'][m])}")  # fmt: skip
+    print("grids at P = 1 (one run each; * chosen):")
     for t in results["tune"]:
-        chosen = "*" if results["lr"].get(t["method"]) == t["lr"] else " "
+        chosen = "*" if results["chosen"].get(t["method"]) == t["setting"] else " "
         tts = (
             "failed"
             if "error" in t
@@ -267,7 +293,8 @@ def report(results: dict[str, Any]) -> None:
             if t["tts_s"] is None
             else f"{t['tts_s']:.1f} s"
         )
-        print(f"  {t['method']:16s} {chosen}lr {t['lr']:<6g} {tts:12s} {t.get('steps')} steps")
+        print(f"  {t['method']:16s} {chosen}{label(t['setting']):30s} {tts:12s} "
+              f"{t.get('steps')} steps")  # fmt: skip
     print("P = 1, mean ms per step by phase (median over rounds):")
     for (p, m), every in cells.items():
         runs = [r for r in every if "error" not in r]
@@ -284,7 +311,8 @@ def report(results: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tune", action="store_true", help="lr grids at P = 1 (starts afresh)")
+    parser.add_argument("--tune", action="store_true", help="grids at P = 1 (starts afresh)")
+    parser.add_argument("--jobs", type=int, default=1, help="--tune: runs at a time")
     parser.add_argument("--round", type=int, help="run round R of every method at --ranks")
     parser.add_argument("--ranks", default="1,2,4")
     parser.add_argument("--methods", default=",".join(METHODS), help="a subset, in this order")
@@ -303,7 +331,7 @@ def main() -> None:
         if args.tune or everything:
             start = [round(x, 2) for x in os.getloadavg()]
             results = load_results(fresh_task=True)
-            tune(results, methods, data_cache(), work)
+            tune(results, methods, data_cache(), work, args.jobs)
             end = [round(x, 2) for x in os.getloadavg()]
             results["load"].append({"what": f"tune {args.methods}", "start": start, "end": end})
             save(results)

@@ -244,6 +244,13 @@ KFAC_OPTIONS: tuple[Option, ...] = (
         "weight sharing as one row per location (expand) or per sample (reduce)",
         choices=KFAC_APPROXES,
     ),
+    _k(
+        "factor_sample_fraction",
+        "float",
+        1.0,
+        "factor statistics from the first ceil(f*N) samples of each batch",
+        check="fraction",
+    ),
 )
 FOSI_OPTIONS: tuple[Option, ...] = (
     _f("fosi_k", "int", 10, "largest Hessian eigenpairs k", check="nonnegative", axis=True),

@@ -37,6 +37,7 @@ def test_help_names_every_setting():
         (["--model", "vgg"], "--model"),
         (["--epochs", "abc"], "--epochs"),
         (["--batch-size", "0"], "--batch-size"),
+        (["--factor-sample-fraction", "1.5"], "--factor-sample-fraction"),
         (["--checkpoint-every", "soon"], "--checkpoint-every"),
         (["--dataset", "cifar10"], "--data-path"),
         (["--resume-from", "/nonexistent.h5"], "--resume-from"),

@@ -75,3 +75,13 @@ def test_kfac_options_use_the_preconditioner_names():
     options = TrainConfig(kl_clip=0, grad_worker_fraction="0.5").kfac_options()
     assert options["kl_clip"] is None and options["grad_worker_fraction"] == 0.5
     KFACOptions(**options)  # every name is one the preconditioner accepts
+
+
+def test_factor_sample_fraction_reaches_every_layer():
+    from torch import nn
+
+    from kfac_hpc.optim import KFACPreconditioner
+
+    options = TrainConfig(factor_sample_fraction=0.25).kfac_options()
+    pre = KFACPreconditioner(nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)), **options)
+    assert [layer.sample_fraction for layer in pre.layers.values()] == [0.25, 0.25]
