@@ -1,7 +1,7 @@
 """Time to target accuracy of the training methods side by side on MNIST-1D, at 1, 2 and 4 ranks.
 
     .venv/bin/python benchmarks/bench_tts_methods.py                 # all of it (about an hour)
-    .venv/bin/python benchmarks/bench_tts_methods.py --tune          # lr grids at P = 1, 1 round
+    .venv/bin/python benchmarks/bench_tts_methods.py --tune          # grids at P = 1, 1 round
     .venv/bin/python benchmarks/bench_tts_methods.py --ranks 1 --round 1   # one round at P = 1
     .venv/bin/python benchmarks/bench_tts_methods.py --report        # the table of stored rounds
 
@@ -13,17 +13,19 @@ paper's 1-D CNN widened to 160 channels (``--cnn1d-channels 160``, 0.16 M parame
 step is compute, not Python overhead), global batch 1024 (strong scaling), constant learning
 rate, no weight decay, test accuracy every 20 steps (``--eval-every-steps``), stopped at 98 %.
 Every run is the real job (``kfac-hpc train``; ``mpiexec -n P`` and gloo for P > 1, one thread
-per rank) with seed 0, the same for every method. Methods: SGD (momentum 0.9), Adam, SGD+K-FAC
-(expand; factors every 10 steps, eigendecompositions every 100, damping 0.003, KL clip 0.001),
-SGD+K-FAC-reduce (the same at K-FAC's lr), FOSI with an SGD base (k = 10, 20 Lanczos steps,
+per rank) with seed 0, the same for every method. Methods: SGD (momentum 0.9 or 0.95), Adam,
+SGD+K-FAC (expand; factors every 10 steps, damped inverses every 100, lr 0.1: the KL clip
+bounds every step, so damping and KL clip are its grid), SGD+K-FAC-reduce (the same at
+K-FAC's setting), FOSI with an SGD base (k = 10, 20 Lanczos steps,
 an ESE at step 20 and every 200 steps after; at P > 1 it is DHO2: coordinates sharded over the
 ranks), and DHO2 with pipelined curvature (``--curvature-ranks 1``, P > 1 only: one rank
 computes the ESEs, the others train on (P − 1)/P of the global batch).
 
-1. ``--tune``: each method's lr grid once at P = 1; the lr with the fewest steps to target (the
-   shorter time on a tie) is kept for every P (K-FAC-reduce takes K-FAC's, DHO2 FOSI's; FOSI
-   has its own grid: it scales its SGD base's update by up to 3, so SGD's lr diverges with it);
-   rounds measured at an lr no longer chosen are dropped.
+1. ``--tune``: each method's grid (``METHODS``: lr and momentum for SGD, damping and KL clip
+   for K-FAC, lr for the others) once at P = 1, ``--jobs`` runs at a time; the setting with the
+   fewest steps to target (the shorter time on a tie) is kept for every P (K-FAC-reduce takes
+   K-FAC's, DHO2 FOSI's; FOSI has its own grid: it scales its SGD base's update by up to 3, so
+   SGD's lr diverges with it); rounds measured with a setting no longer chosen are dropped.
 2. ``--round R``: every method at each of ``--ranks`` once, in a fixed order, so machine noise
    hits all alike; a stored (round, P, method) is replaced.
 3. ``--report``: per (P, method) the median, min and max over rounds of the time to target (the
@@ -78,7 +80,7 @@ QUIET = [
     "150s",
 ]
 KFAC = ["--kfac", "--factor-update-steps", "10", "--inv-update-steps", "100"]
-KFAC += ["--damping", "0.003", "--kl-clip", "0.001"]
+KFAC += ["--compute-method", "inverse"]
 FOSI = ["--fosi", "--fosi-k", "10", "--lanczos-iters", "20", "--fosi-warmup", "20"]
 FOSI += ["--ese-every", "200", "--fosi-alpha", "0.01"]
 # a grid point: job options (names as in the job's config) and their values
@@ -92,9 +94,10 @@ def grid(**axes: tuple[float, ...]) -> tuple[Setting, ...]:
 
 # method: (flags, grid, or the method whose tuned setting it takes, and the smallest P)
 METHODS: dict[str, tuple[list[str], tuple[Setting, ...] | str, int]] = {
-    "sgd": (["--no-kfac"], grid(lr=(0.1, 0.2, 0.4)), 1),
+    "sgd": (["--no-kfac"], grid(lr=(0.1, 0.15, 0.2, 0.3), momentum=(0.9, 0.95)), 1),
     "adam": (["--no-kfac", "--optimizer", "adam"], grid(lr=(0.001, 0.003, 0.01)), 1),
-    "sgd+kfac": (KFAC, grid(lr=(0.05, 0.1, 0.2)), 1),
+    # the KL clip bounds every step here, so it, not the lr, sets the step length
+    "sgd+kfac": (KFAC, grid(lr=(0.1,), damping=(0.003, 0.01, 0.03), kl_clip=(5e-4, 1e-3, 2e-3)), 1),
     "sgd+kfac-reduce": ([*KFAC, "--kfac-approx", "reduce"], "sgd+kfac", 1),
     # FOSI scales the SGD update by up to --fosi-clip (3): SGD's lr diverges with it
     "fosi": (FOSI, grid(lr=(0.05, 0.1, 0.2)), 1),
