@@ -296,7 +296,7 @@ def report(results: dict[str, Any]) -> None:
             if t["tts_s"] is None
             else f"{t['tts_s']:.1f} s"
         )
-        print(f"  {t['method']:16s} {chosen}{label(t['setting']):30s} {tts:12s} "
+        print(f"  {t['method']:16s} {chosen}{label(t['setting']):36s} {tts:12s} "
               f"{t.get('steps')} steps")  # fmt: skip
     print("P = 1, mean ms per step by phase (median over rounds):")
     for (p, m), every in cells.items():
