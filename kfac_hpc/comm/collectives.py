@@ -162,9 +162,9 @@ class FactorAllreducer(_BucketQueue[_FactorKey, _Bucket]):
     launched; a finished one is released (its buffer freed, or on ``dst`` written back) at the
     next ``submit``, so the caller may drop such a tensor right after submitting it and the
     transient memory stays a few buckets; ``reduce_in_flight_mb`` bounds the bytes of those in
-    flight (a launch first waits for the oldest ones). With ``write_back=False`` no rank keeps the tensor:
-    the mean stays packed in the arrived buffer (half the bytes for a triangle) until
-    :meth:`take` rebuilds it.
+    flight (a launch first waits for the oldest ones). With ``write_back=False`` no rank keeps
+    the tensor: the mean stays packed in the arrived buffer (half the bytes for a triangle)
+    until :meth:`take` rebuilds it.
     """
 
     def __init__(
