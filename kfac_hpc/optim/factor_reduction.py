@@ -32,7 +32,7 @@ __all__ = ["OWNER_BUCKET_CAP_MB", "OWNER_IN_FLIGHT_MB", "FactorReduction"]
 OWNER_BUCKET_CAP_MB = 1.0
 # ... and at most this much of them is in flight: with ranks that lag in the collectives (e.g.
 # gloo threads sharing few cores) launched buckets would otherwise pile up during backward.
-OWNER_IN_FLIGHT_MB = 2.0
+OWNER_IN_FLIGHT_MB = 1.0
 
 
 class FactorReduction:
