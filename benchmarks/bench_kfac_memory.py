@@ -20,7 +20,7 @@ One command: ``.venv/bin/python benchmarks/bench_kfac_memory.py`` starts itself 
 2. times the factor reduction of the ResNet-32 factor shapes with ``FactorAllreducer``: a full
    allreduce in 25 MiB buckets and unbucketed, the upper-triangle allreduce, and a reduce of
    each factor only to its MEM-OPT inverse worker as MEM-OPT does it (triangles, owner buckets
-   of 1 MiB open and 2 MiB in flight, the owner rebuilding each mean);
+   of 1 MiB open and 1 MiB in flight, the owner rebuilding each mean);
 3. times the MEM-OPT gradient broadcast (every layer's gradient from its owner to all ranks)
    with one broadcast per layer and with ``AsyncBroadcaster``'s per-owner buckets.
 
