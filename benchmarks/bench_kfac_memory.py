@@ -3,7 +3,9 @@
 One command: ``.venv/bin/python benchmarks/bench_kfac_memory.py`` starts itself as 4 real ranks
 (``mpiexec -n 4``, gloo, CPU) and, side by side in that one job:
 
-1. memory from real allocations, ROUNDS rounds, each strategy in turn: ResNet-32 (batch 16 per
+1. memory from real allocations, ROUNDS rounds after one discarded warm-up round (the
+   process's first-use costs, e.g. gloo's and LAPACK's buffers, would otherwise count for
+   whichever strategy runs first), each strategy in turn: ResNet-32 (batch 16 per
    rank = 64 global, 32x32x3 inputs) with its gradients allocated; the process's resident set
    (``VmRSS``) and the peak of one plain forward/backward (``VmHWM`` after a reset through
    ``/proc/self/clear_refs``) are the baseline; the preconditioner is built and runs warm-up
@@ -17,7 +19,8 @@ One command: ``.venv/bin/python benchmarks/bench_kfac_memory.py`` starts itself 
    ``memory_usage()`` (the tensors the preconditioner keeps) is printed beside it;
 2. times the factor reduction of the ResNet-32 factor shapes with ``FactorAllreducer``: a full
    allreduce in 25 MiB buckets and unbucketed, the upper-triangle allreduce, and a reduce of
-   each factor only to its MEM-OPT inverse worker (what MEM-OPT does);
+   each factor only to its MEM-OPT inverse worker as MEM-OPT does it (triangles, owner buckets
+   of 1 MiB open and 1 MiB in flight, the owner rebuilding each mean);
 3. times the MEM-OPT gradient broadcast (every layer's gradient from its owner to all ranks)
    with one broadcast per layer and with ``AsyncBroadcaster``'s per-owner buckets.
 
@@ -107,19 +110,27 @@ def measure_strategy(strategy: str, rank: int) -> dict[str, Any]:
 def time_reduction(
     factors: dict[str, Any], owners: dict[str, int] | None, symmetric: bool, cap_mb: float = 25.0
 ) -> float:
-    """Median seconds of one bucketed reduction of all factors."""
+    """Median seconds of one bucketed reduction of all factors; to ``owners`` (if given) as
+    MEM-OPT reduces them: owner buckets bounded open and in flight, the owner rebuilding the
+    whole mean from its packed triangle."""
     import torch.distributed as dist
 
     from kfac_hpc.comm import FactorAllreducer
+    from kfac_hpc.optim.factor_reduction import OWNER_BUCKET_CAP_MB, OWNER_IN_FLIGHT_MB
 
     samples = []
     for _ in range(REPEATS):
-        reducer = FactorAllreducer(cap_mb, symmetric=symmetric)
+        reducer = FactorAllreducer(cap_mb, None, symmetric, OWNER_BUCKET_CAP_MB, OWNER_IN_FLIGHT_MB)
         dist.barrier()
         start = time.perf_counter()
         for name, tensor in factors.items():
-            reducer.submit(name, tensor, dst=None if owners is None else owners[name])
+            if owners is None:
+                reducer.submit(name, tensor)
+            else:
+                reducer.submit(name, tensor, dst=owners[name], write_back=False)
         reducer.wait()
+        for name in reducer.arrived:
+            reducer.take(name)
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
 
@@ -182,6 +193,8 @@ def worker(out: Path) -> None:
     ctx = init_distributed(backend="gloo", timeout_s=300)
     assert dist.get_world_size() == WORLD_SIZE, dist.get_world_size()
     torch.set_num_threads(1)
+    for strategy in STRATEGIES:  # the warm-up round, discarded
+        measure_strategy(strategy, ctx.rank)
     rounds: list[dict[str, Any]] = []
     for _ in range(ROUNDS):
         rounds.append({s: measure_strategy(s, ctx.rank) for s in STRATEGIES})

@@ -69,9 +69,10 @@ class _Entry:
     """One submitted tensor and how it is packed (whole, or its upper triangle)."""
 
     name: str
-    tensor: torch.Tensor | None  # None on ranks that are not the bucket's destination
+    tensor: torch.Tensor | None  # written back on arrival; None: not kept (see ``take``)
     symmetric: bool
     count: int  # elements it occupies in the flat buffer
+    shape: torch.Size
 
 
 @dataclass
@@ -135,6 +136,7 @@ class _Bucket(_Pending):
     dst: int | None
     entries: list[_Entry] = field(default_factory=list)
     flats: list[torch.Tensor] = field(default_factory=list)  # 1-D pieces until launched
+    copied: bool = False  # whether a single piece is already its own copy (not a view)
 
 
 _FactorKey = tuple[torch.dtype, torch.device, int | None]
@@ -154,10 +156,15 @@ class FactorAllreducer(_BucketQueue[_FactorKey, _Bucket]):
     packed matrix by matrix.
 
     Reductions to one rank (``dst``) are bucketed per destination with ``reduce_bucket_cap_mb``
-    (default: ``bucket_cap_mb``) and hold no reference to a submitted tensor on the other
-    ranks once its bucket is launched; a finished one is released (its buffer freed, or on
-    ``dst`` written back) at the next ``submit``, so the caller may drop such a tensor right
-    after submitting it and the transient memory stays a few buckets.
+    (default: ``bucket_cap_mb``), which also bounds the open (not yet launched) buckets of all
+    destinations together: a tensor that would pass it launches the oldest open ones first.
+    They hold no reference to a submitted tensor on the other ranks once its bucket is
+    launched; a finished one is released (its buffer freed, or on ``dst`` written back) at the
+    next ``submit``, so the caller may drop such a tensor right after submitting it and the
+    transient memory stays a few buckets; ``reduce_in_flight_mb`` bounds the bytes of those in
+    flight (a launch first waits for the oldest ones). With ``write_back=False`` no rank keeps
+    the tensor: the mean stays packed in the arrived buffer (half the bytes for a triangle)
+    until :meth:`take` rebuilds it.
     """
 
     def __init__(
@@ -166,20 +173,47 @@ class FactorAllreducer(_BucketQueue[_FactorKey, _Bucket]):
         group: ProcessGroup | None = None,
         symmetric: bool = False,
         reduce_bucket_cap_mb: float | None = None,
+        reduce_in_flight_mb: float | None = None,
     ) -> None:
         super().__init__(bucket_cap_mb, "allreduce_bucket_cap_mb")
         cap = bucket_cap_mb if reduce_bucket_cap_mb is None else reduce_bucket_cap_mb
         if not cap >= 0:
             raise ValueError(f"reduce_bucket_cap_mb={cap!r} must be >= 0 (MiB)")
+        if reduce_in_flight_mb is not None and not reduce_in_flight_mb >= 0:
+            raise ValueError(f"reduce_in_flight_mb={reduce_in_flight_mb!r} must be >= 0 (MiB)")
         self.reduce_cap_bytes = int(cap * _MB)
+        self.reduce_in_flight_bytes = (
+            None if reduce_in_flight_mb is None else int(reduce_in_flight_mb * _MB)
+        )
         self.group = group
         self.symmetric = symmetric
         self._triangle = _Triangle()
         self._names: set[str] = set()
         self._written: list[str] = []
+        self._arrived: dict[str, tuple[torch.Tensor, _Entry]] = {}
 
     def _cap(self, key: _FactorKey) -> int:
         return self.bucket_cap_bytes if key[2] is None else self.reduce_cap_bytes
+
+    def _enqueue(self, key: _FactorKey, nbytes: int, new: Callable[[], _Bucket]) -> _Bucket:
+        if key[2] is not None:
+            self._bound_open_reductions(key, nbytes)
+        return super()._enqueue(key, nbytes, new)
+
+    def _bound_open_reductions(self, key: _FactorKey, nbytes: int) -> None:
+        """Launch the oldest open reduction buckets (to other destinations) until those left
+        plus ``key``'s, with ``nbytes`` more, fit in the reduce cap. Depends only on the order
+        and sizes of the submissions: the same on every rank."""
+        own = self._open.get(key)
+        total = nbytes + (own.nbytes if own and own.nbytes + nbytes <= self.reduce_cap_bytes else 0)
+        others = [k for k in self._open if k[2] is not None and k != key]
+        total += sum(self._open[k].nbytes for k in others)
+        for other in others:
+            if total <= self.reduce_cap_bytes:
+                break
+            bucket = self._open.pop(other)
+            total -= bucket.nbytes
+            self._launch(bucket)
 
     @property
     def pending(self) -> bool:
@@ -191,6 +225,11 @@ class FactorAllreducer(_BucketQueue[_FactorKey, _Bucket]):
         """Buckets whose collective was launched and not yet waited for."""
         return len(self._launched)
 
+    @property
+    def arrived(self) -> list[str]:
+        """Names submitted with ``write_back=False`` whose mean arrived here, not yet taken."""
+        return list(self._arrived)
+
     def submit(
         self,
         name: str,
@@ -198,10 +237,13 @@ class FactorAllreducer(_BucketQueue[_FactorKey, _Bucket]):
         *,
         symmetric: bool | None = None,
         dst: int | None = None,
+        write_back: bool = True,
     ) -> None:
         """Queue ``tensor`` for averaging; ``dst`` (a global rank) reduces to that rank only.
 
-        Do not write to ``tensor`` before ``wait()``.
+        Do not write to ``tensor`` before ``wait()``. ``write_back=False``: the reducer keeps
+        no reference to ``tensor`` (the caller may free it now); after ``wait()`` the ranks
+        that receive the mean get it from :meth:`take`.
         """
         if name in self._names:
             raise ValueError(f"tensor {name!r} was submitted twice before wait()")
@@ -212,19 +254,28 @@ class FactorAllreducer(_BucketQueue[_FactorKey, _Bucket]):
             )
         self._names.add(name)
         if group_size(self.group) == 1:
+            if not write_back:  # the local tensor already is the mean
+                flat = tensor.detach().reshape(-1)
+                self._arrived[name] = (flat, _Entry(name, None, False, flat.numel(), tensor.shape))
             return
-        packed = self._triangle.pack(tensor) if pack_triangle else tensor.detach().reshape(-1)
+        if pack_triangle:
+            packed = self._triangle.pack(tensor)
+        else:  # a view of the caller's tensor, unless it is not to be kept
+            packed = tensor.detach().reshape(-1)
+            packed = packed if write_back else packed.clone()
         key = (tensor.dtype, tensor.device, dst)
         nbytes = packed.numel() * packed.element_size()
         bucket = self._enqueue(key, nbytes, lambda: _Bucket(dst))
-        kept = tensor if dst is None or dst == dist.get_rank() else None
-        bucket.entries.append(_Entry(name, kept, pack_triangle, packed.numel()))
+        kept = tensor if write_back and (dst is None or dst == dist.get_rank()) else None
+        bucket.entries.append(_Entry(name, kept, pack_triangle, packed.numel(), tensor.shape))
         bucket.flats.append(packed)
+        bucket.copied = (pack_triangle or not write_back) and len(bucket.flats) == 1
         self._added(key)
         self._release_finished()
 
     def wait(self) -> list[str]:
-        """Flush, wait for every bucket and write the means back; returns the names written."""
+        """Flush, wait for every bucket and write the means back (or keep them for ``take``);
+        returns the names whose mean arrived on this rank."""
         self.flush()
         for bucket in self._launched:
             self._finish(bucket)
@@ -233,6 +284,17 @@ class FactorAllreducer(_BucketQueue[_FactorKey, _Bucket]):
         self._names.clear()
         self._written = []
         return written
+
+    def take(self, name: str) -> torch.Tensor:
+        """The mean of ``name`` submitted with ``write_back=False``, as a new tensor of its
+        shape (on the ranks that receive it, after ``wait()``); ``KeyError`` otherwise."""
+        try:
+            values, entry = self._arrived.pop(name)
+        except KeyError:
+            raise KeyError(f"no arrived mean of {name!r} to take on this rank") from None
+        out = values.new_empty(entry.shape)
+        self._write(values, entry, out)
+        return out
 
     def _release_finished(self) -> None:
         """Finish the reductions to one rank whose collective is done (frees their buffers)."""
@@ -250,9 +312,30 @@ class FactorAllreducer(_BucketQueue[_FactorKey, _Bucket]):
             self._written.extend(self._unpack(bucket))
         bucket.buffer = None
 
+    def _bound_in_flight(self, nbytes: int) -> None:
+        """Wait for the oldest reductions to one rank until those still in flight plus
+        ``nbytes`` fit in ``reduce_in_flight_mb``. Deadlock-free: every rank launches the
+        same collectives in the same order, so the oldest one waited for anywhere has been
+        launched by every rank that waits, and the others are still going to launch it."""
+        assert self.reduce_in_flight_bytes is not None
+        self._release_finished()
+        flying = [b for b in self._launched if b.dst is not None]
+        total = nbytes + sum(b.nbytes for b in flying)
+        for bucket in flying:
+            if total <= self.reduce_in_flight_bytes:
+                break
+            self._finish(bucket)
+            self._launched.remove(bucket)
+            total -= bucket.nbytes
+
     def _launch(self, bucket: _Bucket) -> None:
+        if bucket.dst is not None and self.reduce_in_flight_bytes is not None:
+            self._bound_in_flight(bucket.nbytes)
         flats = bucket.flats
-        bucket.buffer = flats[0].clone() if len(flats) == 1 else torch.cat(flats)
+        if len(flats) == 1:  # a packed triangle is already this bucket's own copy
+            bucket.buffer = flats[0] if bucket.copied else flats[0].clone()
+        else:
+            bucket.buffer = torch.cat(flats)
         bucket.flats = []  # the buffer holds the only copy that travels
         if bucket.dst is None:
             bucket.work = dist.all_reduce(bucket.buffer, group=self.group, async_op=True)
@@ -266,16 +349,21 @@ class FactorAllreducer(_BucketQueue[_FactorKey, _Bucket]):
         assert bucket.buffer is not None
         offset = 0
         for entry in bucket.entries:
-            target = entry.tensor
-            assert target is not None, "only the destination unpacks"
             values = bucket.buffer[offset : offset + entry.count]
-            with torch.no_grad():
-                if entry.symmetric:
-                    self._triangle.unpack(values, target)
-                else:
-                    target.copy_(values.view_as(target))
+            if entry.tensor is None:
+                self._arrived[entry.name] = (values, entry)  # keeps the buffer until taken
+            else:
+                self._write(values, entry, entry.tensor)
             offset += entry.count
         return [entry.name for entry in bucket.entries]
+
+    def _write(self, values: torch.Tensor, entry: _Entry, target: torch.Tensor) -> None:
+        """Write the flat (or packed upper-triangle) ``values`` of ``entry`` into ``target``."""
+        with torch.no_grad():
+            if entry.symmetric:
+                self._triangle.unpack(values, target)
+            else:
+                target.copy_(values.view_as(target))
 
 
 @dataclass

@@ -7,9 +7,13 @@ hook order: a layer whose hook has fired waits for the layers before it in that 
 order of collectives are then a function of the registered layers only, the same on every
 rank, even when a layer's hook fires on some ranks only.
 
-A statistic reduced to one rank (its owner under MEM-OPT/HYBRID-OPT) is dropped on the other
-ranks as soon as it is submitted, and owner buckets are small, so a rank holds the statistics
-of only the layers it owns plus a few buckets in flight.
+A statistic reduced to one rank (its owner under MEM-OPT/HYBRID-OPT) is dropped on every rank,
+the owner included, as soon as it is submitted: only its packed upper triangle travels, the
+open owner buckets of all owners together hold at most ``OWNER_BUCKET_CAP_MB``, and on the
+owner the reduced triangle stays packed (half the bytes) until ``wait()`` in ``step()``
+rebuilds the full matrix, after the backward pass has freed its activations. So while the
+backward pass runs a rank holds no full statistics at all, only about a bucket being filled,
+the buckets in flight and its own layers' reduced triangles.
 """
 
 from __future__ import annotations
@@ -20,11 +24,15 @@ from torch import Tensor
 from kfac_hpc.comm import FactorAllreducer
 from kfac_hpc.optim.layer_state import FACTORS, LayerState
 
-__all__ = ["OWNER_BUCKET_CAP_MB", "FactorReduction"]
+__all__ = ["OWNER_BUCKET_CAP_MB", "OWNER_IN_FLIGHT_MB", "FactorReduction"]
 
-# Buckets reduced to one owner stay small: they are launched (and their statistics released on
-# the other ranks) while the backward pass goes on, instead of piling up until step().
+# Buckets reduced to one owner stay small (all owners' open buckets together): they are launched
+# (and their statistics released) while the backward pass goes on, instead of piling up until
+# step().
 OWNER_BUCKET_CAP_MB = 1.0
+# ... and at most this much of them is in flight: with ranks that lag in the collectives (e.g.
+# gloo threads sharing few cores) launched buckets would otherwise pile up during backward.
+OWNER_IN_FLIGHT_MB = 1.0
 
 
 class FactorReduction:
@@ -41,7 +49,9 @@ class FactorReduction:
         dtype: torch.dtype | None,
     ) -> None:
         owner_cap = min(bucket_cap_mb, OWNER_BUCKET_CAP_MB)
-        self.reducer = FactorAllreducer(bucket_cap_mb, None, symmetric, owner_cap)
+        self.reducer = FactorAllreducer(
+            bucket_cap_mb, None, symmetric, owner_cap, max(OWNER_IN_FLIGHT_MB, owner_cap)
+        )
         self.order = list(reversed(states))
         self.world_size = world_size
         self.rank = rank
@@ -93,6 +103,10 @@ class FactorReduction:
         counts = (self._flags * self.world_size).round().tolist()
         live: list[LayerState] = []
         for state, count in zip(self.order, counts, strict=True):
+            for key in FACTORS:
+                if state.reduce_dst(key) == self.rank:
+                    mean = self.reducer.take(f"{state.name}/{key}")
+                    state.factors.restore_pending(key, mean)
             if count == 0:
                 state.factors.clear_pending()
                 continue
@@ -112,8 +126,11 @@ class FactorReduction:
             assert tensor is not None
             dst = state.reduce_dst(key)
             # Toward one owner only the upper triangle travels (factors are exactly symmetric):
-            # the packed copy is half the bytes, and the other ranks free the full matrix now.
-            symmetric = True if dst is not None else None
-            self.reducer.submit(f"{state.name}/{key}", tensor, dst=dst, symmetric=symmetric)
-            if dst is not None and dst != self.rank:
-                state.factors.drop_pending(key)  # the reducer holds what still travels
+            # the packed copy is half the bytes, and every rank frees the full matrix now.
+            if dst is None:
+                self.reducer.submit(f"{state.name}/{key}", tensor)
+                continue
+            self.reducer.submit(
+                f"{state.name}/{key}", tensor, dst=dst, symmetric=True, write_back=False
+            )
+            state.factors.drop_pending(key)  # the reducer holds what still travels

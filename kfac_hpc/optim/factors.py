@@ -64,6 +64,13 @@ class LayerFactors:
         else:
             self.pending_g = None
 
+    def restore_pending(self, key: str, value: Tensor) -> None:
+        """The reduced sum of ``key``, dropped when it was sent, arrived: pending again."""
+        if key == "A":
+            self.pending_a = value
+        else:
+            self.pending_g = value
+
     def clear_pending(self) -> None:
         self.pending_a = self.pending_g = None
         self.count_a = self.count_g = 0

@@ -125,6 +125,57 @@ def check_reduce_to_owner() -> None:
         torch.testing.assert_close(t, want, rtol=1e-12, atol=1e-12)
 
 
+def check_reduce_to_owner_taken_whole() -> None:
+    """``write_back=False``: no rank keeps the submitted tensor (the caller zeroes it at once);
+    the owner takes the mean, rebuilt whole from the packed triangle; the others have none."""
+    size, me = dist.get_world_size(), dist.get_rank()
+    mats = {dst: symmetric(7, torch.float64, 60 + dst) for dst in range(size)}
+    plain = rank_tensor((3, 4), torch.float64, 69)
+    expected = {f"to{dst}": plain_mean(m) for dst, m in mats.items()} | {"v": plain_mean(plain)}
+    reducer = FactorAllreducer(bucket_cap_mb=25.0, reduce_bucket_cap_mb=0.001)
+    for dst, m in mats.items():
+        reducer.submit(f"to{dst}", m, dst=dst, symmetric=True, write_back=False)
+        m.zero_()
+    reducer.submit("v", plain, dst=size - 1, write_back=False)
+    plain.zero_()
+    mine = [f"to{me}"] + (["v"] if me == size - 1 else [])
+    assert sorted(reducer.wait()) == sorted(mine), mine
+    assert sorted(reducer.arrived) == sorted(mine)
+    taken = {name: reducer.take(name) for name in mine}
+    for name, got in taken.items():
+        torch.testing.assert_close(got, expected[name], rtol=1e-12, atol=1e-12)
+    assert torch.equal(taken[f"to{me}"], taken[f"to{me}"].mT), "rebuilt matrix is not symmetric"
+    assert reducer.arrived == []
+    for dst in range(size):
+        if dst != me:
+            try:
+                reducer.take(f"to{dst}")
+            except KeyError:
+                continue
+            raise AssertionError(f"rank {me} took the mean of to{dst}")
+
+
+def check_owner_buckets_bounded() -> None:
+    """Open owner buckets of all destinations together stay within ``reduce_bucket_cap_mb``
+    (a tensor for another owner launches the open one first) and at most
+    ``reduce_in_flight_mb`` of them is in flight; every owner still gets its exact mean."""
+    size, me = dist.get_world_size(), dist.get_rank()
+    cap_mb = 4000 / 2**20  # one 20x20 float64 (3200 bytes) fits, two do not
+    reducer = FactorAllreducer(
+        bucket_cap_mb=25.0, reduce_bucket_cap_mb=cap_mb, reduce_in_flight_mb=cap_mb
+    )
+    tensors = [rank_tensor((20, 20), torch.float64, 30 + i) for i in range(2 * size)]
+    before = [t.clone() for t in tensors]
+    expected = [plain_mean(t) for t in tensors]
+    for i, t in enumerate(tensors):
+        reducer.submit(f"t{i}", t, dst=i % size)
+        assert reducer.buckets_in_flight == min(i, 1), (i, reducer.buckets_in_flight)
+    reducer.wait()
+    for i, t in enumerate(tensors):
+        want = expected[i] if i % size == me else before[i]
+        torch.testing.assert_close(t, want, rtol=1e-12, atol=1e-12)
+
+
 def check_subgroup_reduction_and_broadcast() -> None:
     """Even and odd ranks form two groups; each averages and broadcasts within its own."""
     me, size = dist.get_rank(), dist.get_world_size()
@@ -243,6 +294,8 @@ def main() -> None:
         "bucket_launches_when_full": check_bucket_launches_when_full,
         "triangle_packing": check_triangle_packing,
         "reduce_to_owner": check_reduce_to_owner,
+        "reduce_to_owner_taken_whole": check_reduce_to_owner_taken_whole,
+        "owner_buckets_bounded": check_owner_buckets_bounded,
         "any_rank": check_any_rank,
         "subgroup_reduction_and_broadcast": check_subgroup_reduction_and_broadcast,
         "world_broadcast": check_world_broadcast,

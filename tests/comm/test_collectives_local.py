@@ -29,9 +29,23 @@ def test_single_process_reduction_keeps_tensors_and_reports_names() -> None:
     assert group_size() == 1
 
 
+def test_single_process_take_returns_a_copy_of_the_local_tensor() -> None:
+    reducer = FactorAllreducer(symmetric=True)
+    a = torch.eye(3) * 2
+    reducer.submit("a", a, dst=0, write_back=False)
+    assert reducer.wait() == []
+    assert reducer.arrived == ["a"]
+    got = reducer.take("a")
+    assert torch.equal(got, a) and got.data_ptr() != a.data_ptr()
+    with pytest.raises(KeyError, match="no arrived mean of 'a'"):
+        reducer.take("a")
+
+
 def test_invalid_bucket_cap_names_the_option() -> None:
     with pytest.raises(ValueError, match="allreduce_bucket_cap_mb=-1"):
         FactorAllreducer(bucket_cap_mb=-1)
+    with pytest.raises(ValueError, match=r"reduce_in_flight_mb=-2"):
+        FactorAllreducer(reduce_in_flight_mb=-2)
     with pytest.raises(ValueError, match=r"bucket_cap_mb=-0\.5"):
         AsyncBroadcaster(bucket_cap_mb=-0.5)
 

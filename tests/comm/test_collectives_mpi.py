@@ -65,6 +65,18 @@ def test_reduce_to_owner_writes_the_mean_only_on_the_owner(world_size: int) -> N
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_reduce_to_owner_without_write_back_hands_the_owner_its_mean(world_size: int) -> None:
+    """The caller zeroes its tensors right after submitting: the owner still takes the exact
+    mean (packed triangle or flat), rebuilt whole; no other rank has one to take."""
+    assert_check(world_size, "reduce_to_owner_taken_whole")
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_owner_buckets_open_and_in_flight_are_bounded(world_size: int) -> None:
+    assert_check(world_size, "owner_buckets_bounded")
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_any_rank_flag_is_agreed_by_all_ranks(world_size: int) -> None:
     assert_check(world_size, "any_rank")
 

@@ -102,12 +102,14 @@ def run_config(options: dict[str, Any], rank: int, world: int) -> dict[str, Any]
     factors: list[dict[str, torch.Tensor]] = []
     in_flight: list[int] = []
     pending_after_backward: list[list[str]] = []
+    arrived_after_backward: list[list[str]] = []
     for _ in range(STEPS):
         model.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         # factor buckets launched from the backward hooks, before step(): the overlap
         in_flight.append(kfac.reducer.buckets_in_flight)
         pending_after_backward.append(sorted(pending_statistics(kfac)))
+        arrived_after_backward.append(sorted(kfac.reducer.reducer.arrived))
         for p in model.parameters():  # the DDP contract: the mean gradient of the global batch
             if world > 1:
                 dist.all_reduce(grad_of(p))
@@ -125,6 +127,7 @@ def run_config(options: dict[str, Any], rank: int, world: int) -> dict[str, Any]
         "memory": kfac.memory_usage(),
         "buckets_in_flight_after_backward": in_flight,
         "pending_after_backward": pending_after_backward,
+        "arrived_after_backward": arrived_after_backward,
         "second_order_layers": sorted(kfac.second_order),
         "grad_worker_layers": sorted(
             n for n in kfac.layers if kfac.assignment.is_grad_worker(n, rank)
