@@ -48,7 +48,8 @@ def one_sweep(root: Path, backend: str, round_no: int) -> float:
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1200)
     wall = time.perf_counter() - t0
     if out.returncode != 0:
-        raise SystemExit(f"{backend} round {round_no} exited {out.returncode}: {out.stderr[-2000:]}")
+        tail = out.stderr[-2000:]
+        raise SystemExit(f"{backend} round {round_no} exited {out.returncode}: {tail}")
     states = {p.state for p in read_manifest(sweep_dir).points}
     if states != {"done"}:
         raise SystemExit(f"{backend} round {round_no} failed ({states}): {out.stderr[-2000:]}")
