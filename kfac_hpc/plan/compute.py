@@ -84,7 +84,9 @@ class RatedCompute:
         return 0.0
 
 
-_FB_ROUNDS = 9
+_WARMUP_STEPS = 3  # the job's first steps pay one-time costs (allocator growth, dispatch)
+_MIN_STEPS, _MAX_STEPS = 9, 200
+_MIN_TIMED_S = 3.0  # at least this long timed: one short burst on a shared host is noise
 
 
 def _median_s(fn: Callable[[], object], rounds: int = 5) -> float:
@@ -95,6 +97,51 @@ def _median_s(fn: Callable[[], object], rounds: int = 5) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+StepRecord = tuple[float, float, dict[str, float]]  # forward s, backward s, the update's timings
+
+
+def _job_steps(
+    net: nn.Module,
+    in_shape: tuple[int, ...],
+    classes: int,
+    batch: int,
+    update: Callable[[], dict[str, float]],
+) -> list[StepRecord]:
+    """Consecutive training steps as ``TrainStep`` runs them: a new batch every step, the
+    forward, gradients set to None, the backward, then ``update`` (the method's step: it
+    returns its own timings). The warm-up steps are dropped; at least ``_MIN_STEPS`` and
+    ``_MIN_TIMED_S`` seconds are timed (medians of a longer stretch, like the job's windows)."""
+    net.train()
+    loss_fn = nn.CrossEntropyLoss()
+    data = [(torch.randn(batch, *in_shape), torch.randint(0, classes, (batch,))) for _ in range(4)]
+    records: list[StepRecord] = []
+    timed_s = 0.0
+    step = 0
+    while step < _MAX_STEPS and (len(records) < _MIN_STEPS or timed_s < _MIN_TIMED_S):
+        x, y = data[step % len(data)]
+        start = time.perf_counter()
+        loss = loss_fn(net(x), y)
+        mid = time.perf_counter()
+        net.zero_grad(set_to_none=True)
+        loss.backward()
+        end = time.perf_counter()
+        timings = update()
+        if step >= _WARMUP_STEPS:
+            records.append((mid - start, end - mid, timings))
+            timed_s += time.perf_counter() - start
+        step += 1
+    return records
+
+
+def _sgd(net: nn.Module) -> torch.optim.Optimizer:
+    """The job's default optimizer: SGD, momentum 0.9, L2 1e-4."""
+    return torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9, weight_decay=1e-4)
+
+
+def _fb_medians(records: list[StepRecord]) -> tuple[float, float]:
+    return statistics.median(r[0] for r in records), statistics.median(r[1] for r in records)
 
 
 class MeasuredCompute:
@@ -145,28 +192,23 @@ class MeasuredCompute:
 
         net = copy.deepcopy(self.net)
         pre = KFACPreconditioner(net, factor_update_steps=1, inv_update_steps=1)
-        x = torch.randn(batch, *self.in_shape)
-        y = torch.randint(0, self.classes, (batch,))
-        loss_fn = nn.CrossEntropyLoss()
-        forward, backward, phases = [], [], []
-        for _ in range(_FB_ROUNDS):
-            net.zero_grad()
+        opt = _sgd(net)
+
+        def update() -> dict[str, float]:
             start = time.perf_counter()
-            loss = loss_fn(net(x), y)
-            mid = time.perf_counter()
-            loss.backward()
-            end = time.perf_counter()
             pre.step()
-            forward.append(mid - start)
-            backward.append(end - mid)
-            phases.append(dict(pre.last_timings))
-            phases[-1]["untimed"] = time.perf_counter() - end - sum(pre.last_timings.values())
+            timings = dict(pre.last_timings)
+            timings["untimed"] = time.perf_counter() - start - sum(pre.last_timings.values())
+            opt.step()
+            return timings
+
+        records = _job_steps(net, self.in_shape, self.classes, batch, update)
         pre.remove_hooks()
         self._kfac_totals[batch] = {
-            k: statistics.median(p[k] for p in phases[2:])
+            k: statistics.median(r[2][k] for r in records)
             for k in ("factor_compute", "inverse_compute", "precondition", "untimed")
         }
-        return statistics.median(forward[2:]), statistics.median(backward[2:])
+        return _fb_medians(records)
 
     def _scale(self, batch: int, phase: str, micro: list[float]) -> float:
         """Real phase total / sum of the micro-timings (1 before K-FAC was measured)."""
@@ -175,26 +217,21 @@ class MeasuredCompute:
         return self._kfac_totals[batch][phase] / total if total > 0 else 1.0
 
     def _measure_batch(self, batch: int) -> tuple[float, float]:
+        net = copy.deepcopy(self.net)
+        opt = _sgd(net)
+
+        def update() -> dict[str, float]:
+            opt.step()
+            return {}
+
+        records = _job_steps(net, self.in_shape, self.classes, batch, update)
         x = torch.randn(batch, *self.in_shape)
         y = torch.randint(0, self.classes, (batch,))
-        loss_fn = nn.CrossEntropyLoss()
-        self.net.train()
-        forward, backward = [], []
-        for _ in range(_FB_ROUNDS):
-            self.net.zero_grad()
-            start = time.perf_counter()
-            loss = loss_fn(self.net(x), y)
-            mid = time.perf_counter()
-            loss.backward()
-            end = time.perf_counter()
-            forward.append(mid - start)
-            backward.append(end - mid)
-        captured = self._capture(x, y, loss_fn)
+        captured = self._capture(x, y, nn.CrossEntropyLoss())
         for name, (a, g) in captured.items():
             layer = self.kfac[name]
             self._factor[(name, batch)] = _median_s(partial(_factors, layer, a, g))
-        # the first rounds pay one-time costs (allocator growth, dispatch caches): skipped
-        return statistics.median(forward[2:]), statistics.median(backward[2:])
+        return _fb_medians(records)
 
     def _capture(
         self, x: torch.Tensor, y: torch.Tensor, loss_fn: nn.Module
@@ -270,11 +307,7 @@ class MeasuredCompute:
             with self._threads():
                 for p in self.net.parameters():
                     p.grad = torch.randn_like(p)
-                # the job's default optimizer: SGD, momentum 0.9, L2 1e-4
-                opt = torch.optim.SGD(
-                    self.net.parameters(), lr=1e-3, momentum=0.9, weight_decay=1e-4
-                )
-                self._optimizer = _median_s(opt.step)
+                self._optimizer = _median_s(_sgd(self.net).step)
         return self._optimizer
 
 
