@@ -230,13 +230,14 @@ class Conv2dLayer(KFACLayer):
         if self.padding_mode != "constant" and any(pad):
             x = F.pad(x, pad, mode=self.padding_mode)  # once; the taps then see no padding
             pad = (0, 0, 0, 0)
-        p, q = self._out_size(x.shape[2] + pad[2] + pad[3], x.shape[3] + pad[0] + pad[1])
+        p, q = self._out_size(x, pad)
         columns = functools.partial(self._patch_matrix, pad=pad)
         return _moments(x, columns, (self.groups, n_in, p * q), with_sum)
 
-    def _out_size(self, h: int, w: int) -> tuple[int, int]:
-        """Output height and width of a padded input of height ``h`` and width ``w``."""
+    def _out_size(self, x: Tensor, pad: tuple[int, int, int, int]) -> tuple[int, int]:
+        """Output height and width of the input x (n, C, H, W) padded by ``pad``."""
         (kh, kw), (dh, dw), (sh, sw) = self.kernel, self.dilation, self.stride
+        h, w = x.shape[2] + pad[2] + pad[3], x.shape[3] + pad[0] + pad[1]
         return (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
 
     def _taps(
@@ -245,7 +246,7 @@ class Conv2dLayer(KFACLayer):
         """For every kernel tap (i, j) whose window meets the unpadded input x (n, C, H, W)
         under zero padding ``pad``: the output rows and columns it meets and that window,
         (n, C, rows, columns). The other output positions of the tap read padding."""
-        p, q = self._out_size(x.shape[2] + pad[2] + pad[3], x.shape[3] + pad[0] + pad[1])
+        p, q = self._out_size(x, pad)
         (kh, kw), (dh, dw), (sh, sw) = self.kernel, self.dilation, self.stride
         for i in range(kh):
             rows, top = _inside(p, x.shape[2], i * dh - pad[2], sh)
@@ -263,7 +264,7 @@ class Conv2dLayer(KFACLayer):
         tap of only the positions inside the input: the padding entries of ``out`` are never
         written, so they stay zero from chunk to chunk and the input is never padded."""
         n, c = x.shape[:2]
-        p, q = self._out_size(x.shape[2] + pad[2] + pad[3], x.shape[3] + pad[0] + pad[1])
+        p, q = self._out_size(x, pad)
         grid = out.view(c, *self.kernel, -1, p, q)
         for i, j, rows, cols, window in self._taps(x, pad):
             grid[:, i, j, :n, rows, cols].copy_(window.permute(1, 0, 2, 3))
@@ -276,7 +277,7 @@ class Conv2dLayer(KFACLayer):
         if any(self._pad):  # chunk by chunk: the padded chunk stays in cache
             x = F.pad(x, self._pad, mode=self.padding_mode)
         n, c = x.shape[:2]
-        p, q = self._out_size(x.shape[2], x.shape[3])
+        p, q = self._out_size(x, (0, 0, 0, 0))
         sums = out.view(c, *self.kernel, -1)
         for i, j, _, _, window in self._taps(x, (0, 0, 0, 0)):
             sums[:, i, j, :n].copy_(window.sum((2, 3)).T)
