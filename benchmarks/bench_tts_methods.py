@@ -21,11 +21,13 @@ an ESE at step 20 and every 200 steps after; at P > 1 it is DHO2: coordinates sh
 ranks), and DHO2 with pipelined curvature (``--curvature-ranks 1``, P > 1 only: one rank
 computes the ESEs, the others train on (P − 1)/P of the global batch).
 
-1. ``--tune``: each method's grid (``METHODS``: lr and momentum for SGD, damping and KL clip
-   for K-FAC, lr for the others) once at P = 1, ``--jobs`` runs at a time; the setting with the
-   fewest steps to target (the shorter time on a tie) is kept for every P (K-FAC-reduce takes
-   K-FAC's, DHO2 FOSI's; FOSI has its own grid: it scales its SGD base's update by up to 3, so
-   SGD's lr diverges with it); rounds measured with a setting no longer chosen are dropped.
+1. ``--tune``: each method's grid (``METHODS``: lr and momentum for SGD and for FOSI's SGD
+   base, damping and KL clip for K-FAC, lr for Adam) once at P = 1, ``--jobs`` runs at a time;
+   the setting with the fewest steps to target (the shorter time on a tie) is kept for every P
+   (K-FAC-reduce takes K-FAC's, DHO2 FOSI's; FOSI has its own grid: it scales its SGD base's
+   update by up to 3, so SGD's lr diverges with it); a diverged run counts as not reached;
+   rounds measured with a setting no longer chosen are dropped, and so is all a method holds
+   when its grid changed (the other methods' tuning and rounds are kept).
 2. ``--round R``: every method at each of ``--ranks`` once, in a fixed order, so machine noise
    hits all alike; a stored (round, P, method) is replaced.
 3. ``--report``: per (P, method) the median, min and max over rounds of the time to target (the
@@ -100,11 +102,11 @@ METHODS: dict[str, tuple[list[str], tuple[Setting, ...] | str, int]] = {
     "sgd+kfac": (KFAC, grid(lr=(0.1,), damping=(0.003, 0.01, 0.03), kl_clip=(5e-4, 1e-3, 2e-3)), 1),
     "sgd+kfac-reduce": ([*KFAC, "--kfac-approx", "reduce"], "sgd+kfac", 1),
     # FOSI scales the SGD update by up to --fosi-clip (3): SGD's lr diverges with it
-    "fosi": (FOSI, grid(lr=(0.05, 0.1, 0.2)), 1),
+    "fosi": (FOSI, grid(lr=(0.05, 0.1, 0.2), momentum=(0.9, 0.95)), 1),
     "dho2-pipelined": ([*FOSI, "--curvature-ranks", "1"], "fosi", 2),
 }
 
-# what --tune searched, as stored (a changed grid is another task: tuning starts afresh)
+# what --tune searched, as stored (a method whose grid changed is tuned afresh)
 GRIDS = json.loads(json.dumps({m: g for m, (_, g, _) in METHODS.items()}))
 
 
@@ -169,14 +171,25 @@ def run(ranks: int, method: str, setting: Setting, cache: Path, work: Path) -> d
 
 
 def load_results(fresh_task: bool = False) -> dict[str, Any]:
-    """The stored results; a new file when there is none or (with ``fresh_task``, for
-    tuning) when it holds another task."""
+    """The stored results; with ``fresh_task`` (tuning), a new file when it holds another
+    task, and the methods whose grid changed dropped (tuning, settings and rounds)."""
     stored: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     if stored.get("task") == TASK and stored.get("grids") == GRIDS:
         return stored
     if stored and not fresh_task:
-        sys.exit(f"{RESULTS.name} holds another task: run --tune first (it starts afresh)")
-    return {"task": TASK, "grids": GRIDS, "chosen": {}, "tune": [], "runs": [], "load": []}
+        sys.exit(f"{RESULTS.name} holds another task or grid: run --tune first")
+    if stored.get("task") != TASK:
+        return {"task": TASK, "grids": GRIDS, "chosen": {}, "tune": [], "runs": [], "load": []}
+    # the same task, some grids changed: keep what the methods with an unchanged grid hold
+    keep = {m for m, g in GRIDS.items() if isinstance(g, list) and stored["grids"].get(m) == g}
+    keep |= {m for m, g in GRIDS.items() if isinstance(g, str) and g in keep}
+    return {
+        **stored,
+        "grids": GRIDS,
+        "chosen": {m: s for m, s in stored["chosen"].items() if m in keep},
+        "tune": [t for t in stored["tune"] if t["method"] in keep],
+        "runs": [r for r in stored["runs"] if r["method"] in keep],
+    }
 
 
 def save(results: dict[str, Any]) -> None:
