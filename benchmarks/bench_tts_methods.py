@@ -1,7 +1,7 @@
 """Time to target accuracy of the training methods side by side on MNIST-1D, at 1, 2 and 4 ranks.
 
     .venv/bin/python benchmarks/bench_tts_methods.py                 # all of it (about an hour)
-    .venv/bin/python benchmarks/bench_tts_methods.py --tune          # grids at P = 1, 1 round
+    .venv/bin/python benchmarks/bench_tts_methods.py --tune          # the grids, 1 round
     .venv/bin/python benchmarks/bench_tts_methods.py --ranks 1 --round 1   # one round at P = 1
     .venv/bin/python benchmarks/bench_tts_methods.py --report        # the table of stored rounds
 
@@ -22,10 +22,12 @@ ranks), and DHO2 with pipelined curvature (``--curvature-ranks 1``, P > 1 only: 
 computes the ESEs, the others train on (P − 1)/P of the global batch).
 
 1. ``--tune``: each method's grid (``METHODS``: lr and momentum for SGD and for FOSI's SGD
-   base, damping and KL clip for K-FAC, lr for Adam) once at P = 1, ``--jobs`` runs at a time;
-   the setting with the fewest steps to target (the shorter time on a tie) is kept for every P
-   (K-FAC-reduce takes K-FAC's, DHO2 FOSI's; FOSI has its own grid: it scales its SGD base's
-   update by up to 3, so SGD's lr diverges with it); a diverged run counts as not reached;
+   base, damping and KL clip for K-FAC, lr for Adam) once at the method's smallest P (1; 2
+   for DHO2 with pipelined curvature, whose curvature is a step behind: FOSI's momentum 0.95
+   diverged with it at P = 4), ``--jobs`` runs at a time; the setting with the fewest steps to
+   target (the shorter time on a tie) is kept for every P (K-FAC-reduce takes K-FAC's, DHO2
+   FOSI's; FOSI has its own grid: it scales its SGD base's update by up to 3, so SGD's lr
+   diverges with it); a diverged run counts as not reached;
    rounds measured with a setting no longer chosen are dropped, and so is all a method holds
    when its grid changed (the other methods' tuning and rounds are kept).
 2. ``--round R``: every method at each of ``--ranks`` once, in a fixed order, so machine noise
@@ -103,7 +105,8 @@ METHODS: dict[str, tuple[list[str], tuple[Setting, ...] | str, int]] = {
     "sgd+kfac-reduce": ([*KFAC, "--kfac-approx", "reduce"], "sgd+kfac", 1),
     # FOSI scales the SGD update by up to --fosi-clip (3): SGD's lr diverges with it
     "fosi": (FOSI, grid(lr=(0.05, 0.1, 0.2), momentum=(0.9, 0.95)), 1),
-    "dho2-pipelined": ([*FOSI, "--curvature-ranks", "1"], "fosi", 2),
+    # its curvature is a step behind: tuned on its own, at its smallest P
+    "dho2-pipelined": ([*FOSI, "--curvature-ranks", "1"], grid(lr=(0.1,), momentum=(0.9, 0.95)), 2),
 }
 
 # what --tune searched, as stored (a method whose grid changed is tuned afresh)
@@ -217,15 +220,15 @@ def follow(results: dict[str, Any]) -> None:
 
 
 def tune(results: dict[str, Any], methods: list[str], cache: Path, work: Path, jobs: int) -> None:
-    """The grids of ``methods`` at P = 1 (``jobs`` runs at a time: steps decide, time only
-    breaks ties); their settings (and those that follow them) are stored, and rounds measured
-    with other settings are dropped."""
+    """The grids of ``methods``, each at its smallest P (``jobs`` runs at a time: steps
+    decide, time only breaks ties); their settings (and those that follow them) are stored,
+    and rounds measured with other settings are dropped."""
     for method in methods:
-        points = METHODS[method][1]
+        _, points, ranks = METHODS[method]
         if isinstance(points, str):
             continue
         with ThreadPoolExecutor(jobs) as pool:
-            done = list(pool.map(partial(run, 1, method, cache=cache, work=work), points))
+            done = list(pool.map(partial(run, ranks, method, cache=cache, work=work), points))
         scored = []
         for r in done:
             key = (method, r["setting"])
@@ -299,7 +302,7 @@ def report(results: dict[str, Any]) -> None:
         rss = max(r["rss_mib"] for r in runs)
         print(f"{p:2d}  {m:16s}  {tts:23s}  {len(every):6d}  {steps:5g}  {step_ms:7.1f}  "
               f"{ratio:>6s}  {ese:9.1%}  {rss:12.0f}  {label(results['chosen'][m])}")  # fmt: skip
-    print("grids at P = 1 (one run each; * chosen):")
+    print("grids, each at its method's smallest P (one run each; * chosen):")
     for t in results["tune"]:
         chosen = "*" if results["chosen"].get(t["method"]) == t["setting"] else " "
         tts = (
@@ -327,7 +330,7 @@ def report(results: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tune", action="store_true", help="grids at P = 1 (starts afresh)")
+    parser.add_argument("--tune", action="store_true", help="the grids of --methods")
     parser.add_argument("--jobs", type=int, default=1, help="--tune: runs at a time")
     parser.add_argument("--round", type=int, help="run round R of every method at --ranks")
     parser.add_argument("--ranks", default="1,2,4")
