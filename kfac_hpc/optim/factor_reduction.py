@@ -105,8 +105,7 @@ class FactorReduction:
         for state, count in zip(self.order, counts, strict=True):
             for key in FACTORS:
                 if state.reduce_dst(key) == self.rank:
-                    mean = self.reducer.take(f"{state.name}/{key}")
-                    state.factors.restore_pending(key, mean)
+                    state.factors.swap_pending(key, self.reducer.take(f"{state.name}/{key}"))
             if count == 0:
                 state.factors.clear_pending()
                 continue
@@ -133,4 +132,4 @@ class FactorReduction:
             self.reducer.submit(
                 f"{state.name}/{key}", tensor, dst=dst, symmetric=True, write_back=False
             )
-            state.factors.drop_pending(key)  # the reducer holds what still travels
+            state.factors.swap_pending(key, None)  # the reducer holds what still travels

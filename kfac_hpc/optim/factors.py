@@ -57,15 +57,9 @@ class LayerFactors:
         else:
             self.pending_g, self.count_g = value, count
 
-    def drop_pending(self, key: str) -> None:
-        """Forget the pending sum of ``key`` (it was sent to the rank that keeps the factor)."""
-        if key == "A":
-            self.pending_a = None
-        else:
-            self.pending_g = None
-
-    def restore_pending(self, key: str, value: Tensor) -> None:
-        """The reduced sum of ``key``, dropped when it was sent, arrived: pending again."""
+    def swap_pending(self, key: str, value: Tensor | None) -> None:
+        """Replace the pending sum of ``key``, keeping its count: None when it was sent to the
+        rank that keeps the factor, the reduced sum when that arrived back."""
         if key == "A":
             self.pending_a = value
         else:

@@ -21,7 +21,9 @@ from torch import nn
 from kfac_hpc.optim.layers import KFACLayer, make_layer
 from kfac_hpc.plan.layers import INPUTS, LayerShape, ModelShape
 from kfac_hpc.plan.profiles import MachineProfile
+from kfac_hpc.train.config import TrainConfig
 from kfac_hpc.train.models import build_model
+from kfac_hpc.train.optimizers import make_optimizer
 
 __all__ = ["ComputeCosts", "MeasuredCompute", "RatedCompute", "eigh_flops"]
 
@@ -135,9 +137,9 @@ def _job_steps(
     return records
 
 
-def _sgd(net: nn.Module) -> torch.optim.Optimizer:
-    """The job's default optimizer: SGD, momentum 0.9, L2 1e-4."""
-    return torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9, weight_decay=1e-4)
+def _job_optimizer(net: nn.Module) -> torch.optim.Optimizer:
+    """The job's optimizer under its default options (SGD with momentum and L2)."""
+    return make_optimizer(TrainConfig(), net)
 
 
 def _fb_medians(records: list[StepRecord]) -> tuple[float, float]:
@@ -192,7 +194,7 @@ class MeasuredCompute:
 
         net = copy.deepcopy(self.net)
         pre = KFACPreconditioner(net, factor_update_steps=1, inv_update_steps=1)
-        opt = _sgd(net)
+        opt = _job_optimizer(net)
 
         def update() -> dict[str, float]:
             start = time.perf_counter()
@@ -218,7 +220,7 @@ class MeasuredCompute:
 
     def _measure_batch(self, batch: int) -> tuple[float, float]:
         net = copy.deepcopy(self.net)
-        opt = _sgd(net)
+        opt = _job_optimizer(net)
 
         def update() -> dict[str, float]:
             opt.step()
@@ -307,7 +309,7 @@ class MeasuredCompute:
             with self._threads():
                 for p in self.net.parameters():
                     p.grad = torch.randn_like(p)
-                self._optimizer = _median_s(_sgd(self.net).step)
+                self._optimizer = _median_s(_job_optimizer(self.net).step)
         return self._optimizer
 
 

@@ -36,7 +36,7 @@ from kfac_hpc.checkpoint import (
     load_checkpoint,
     restore_training_state,
 )
-from kfac_hpc.contracts import PHASES, RunDir
+from kfac_hpc.contracts import OPTIONS, PHASES, RunDir
 from kfac_hpc.runtime import DistributedContext
 from kfac_hpc.train.config import ConfigError, TrainConfig
 from kfac_hpc.train.data import DataSource, ShardedBatches
@@ -53,7 +53,10 @@ from kfac_hpc.train.timing import PhaseTimer, phase_timer
 
 __all__ = ["Job", "Position", "TrainingDiverged"]
 
-_RETRY = "lower --lr (or, with K-FAC, raise --damping) and start a new run"
+_RETRY = (
+    f"lower {OPTIONS['lr'].flag} (or, with K-FAC, raise {OPTIONS['damping'].flag}) "
+    "and start a new run"
+)
 
 
 class TrainingDiverged(ArithmeticError):
