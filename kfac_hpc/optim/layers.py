@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from kfac_hpc.optim.conv_rows import RowGeometry, row_shift_moments
+
 __all__ = ["Conv1dLayer", "Conv2dLayer", "KFACApprox", "KFACLayer", "LinearLayer", "make_layer"]
 
 
@@ -230,9 +232,18 @@ class Conv2dLayer(KFACLayer):
         if self.padding_mode != "constant" and any(pad):
             x = F.pad(x, pad, mode=self.padding_mode)  # once; the taps then see no padding
             pad = (0, 0, 0, 0)
+        if self.stride[0] == 1 and self.kernel[0] > 1:
+            return row_shift_moments(x, self._rows(x, pad), with_sum, _CPU_CHUNK_BYTES)
         p, q = self._out_size(x, pad)
         columns = functools.partial(self._patch_matrix, pad=pad)
         return _moments(x, columns, (self.groups, n_in, p * q), with_sum)
+
+    def _rows(self, x: Tensor, pad: tuple[int, int, int, int]) -> RowGeometry:
+        """The row-shifted product's geometry for the input x (n, C, H, W)."""
+        channels = x.shape[1] // self.groups
+        return RowGeometry(
+            channels, self.groups, self.kernel, self.dilation, self.stride[1], pad, *x.shape[2:]
+        )
 
     def _out_size(self, x: Tensor, pad: tuple[int, int, int, int]) -> tuple[int, int]:
         """Output height and width of the input x (n, C, H, W) padded by ``pad``."""
@@ -287,15 +298,15 @@ class Conv2dLayer(KFACLayer):
         if self.approx is KFACApprox.REDUCE:
             sums = g.sum((2, 3)).reshape(g.shape[0], self.groups, self.n_g)
             return _gram(sums.permute(1, 2, 0))
-        locations = g.shape[2] * g.shape[3]
-
-        def rows(chunk: Tensor, out: Tensor) -> Tensor:  # (n, C, H, W) -> (groups, C/groups, n·H·W)
-            n = chunk.shape[0]
-            per_group = chunk.reshape(n, self.groups, self.n_g, locations).permute(1, 2, 0, 3)
-            out.view(self.groups, self.n_g, -1, locations)[:, :, :n].copy_(per_group)
-            return out[..., : n * locations]
-
-        return _moments(g, rows, (self.groups, self.n_g, locations), False)[0]
+        # Σ over samples of each sample's (C/groups × H·W) Gram: batched GEMMs on the gradient
+        # as it lies, no copy into a rows matrix; chunks bound the per-sample products.
+        per_sample = g.reshape(g.shape[0] * self.groups, self.n_g, -1)
+        budget = _CUDA_CHUNK_BYTES if g.is_cuda else _CPU_CHUNK_BYTES
+        chunk = max(1, budget // (self.n_g * self.n_g * g.element_size())) // self.groups
+        cov = g.new_zeros(self.groups, self.n_g, self.n_g)
+        for part in per_sample.split(max(1, chunk) * self.groups):
+            cov += torch.bmm(part, part.mT).unflatten(0, (-1, self.groups)).sum(0)
+        return cov
 
 
 class Conv1dLayer(Conv2dLayer):
@@ -321,6 +332,8 @@ class Conv1dLayer(Conv2dLayer):
 # 4 MiB 281, 16 MiB 265, 32 MiB 283. The buffer is K-FAC memory on every rank, and under
 # MEM-OPT the largest part left, so 4 MiB keeps the rank's peak low for 6 % of factor time.
 _CPU_CHUNK_BYTES = 4 << 20
+# On GPUs, the most memory a convolution's G may hold in per-sample products at once.
+_CUDA_CHUNK_BYTES = 64 << 20
 
 
 def _block_edges(d: int) -> list[int]:

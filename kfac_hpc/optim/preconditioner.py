@@ -40,6 +40,7 @@ from kfac_hpc.optim.layer_state import LayerState
 from kfac_hpc.optim.layers import KFACApprox, KFACLayer, make_layer
 from kfac_hpc.optim.options import ComputeMethod, DampingMode, GradScalerLike, KFACOptions
 from kfac_hpc.optim.schedules import Hyperparameter
+from kfac_hpc.optim.second_order import finite_flag
 from kfac_hpc.optim.second_order_update import SecondOrderUpdate
 
 __all__ = ["PHASES", "KFACPreconditioner"]
@@ -331,9 +332,7 @@ class KFACPreconditioner(KFACStateMixin):
             t for s in states for t in (s.factors.pending_a, s.factors.pending_g) if t is not None
         ]
         checked += [p.grad for p in self.model.parameters() if p.grad is not None]
-        finite = (
-            bool(torch.stack([torch.isfinite(t).all() for t in checked]).all()) if checked else True
-        )
+        finite = bool(finite_flag(checked)) if checked else True
         if any_rank(not finite, device=checked[0].device if checked else None):
             self.skipped_factor_updates += 1
             for s in states:

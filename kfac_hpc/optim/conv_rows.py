@@ -1,0 +1,161 @@
+"""A of a convolution with unit height stride, from row-shifted products instead of im2col.
+
+im2col copies every input value kh·kw times into (C·kh·kw)-wide patch rows. Here the input is
+unfolded along the width only: U holds, for every padded input row r, sample b and output
+column w, the kw·C values x(r, w·sw + j·dw - left) of the kw kernel columns j, stored as a
+(j, channel) × (padded row, sample, output column) matrix, so that each copy moves whole input
+rows. The block of A that pairs kernel rows i and k is then
+
+    Σ_{o < P} U(o + i·dh) U(o + k·dh)ᵀ,
+
+a product of two column ranges of U that lie (k - i)·dh padded rows apart: one GEMM on two
+views, no copy. Blocks with the same lag d = k - i differ only in a few rows at the top and
+bottom of the image, so each lag takes one GEMM over every row pair (F_d) and each block
+subtracts the rows that its own window excludes: only rows whose both values lie inside the
+image, as the padding rows of U are zero. For a 3×3 'same' convolution that is 3 GEMMs of
+3C-wide rows plus 2 one-row cuts per chunk, instead of the 45 C-wide blocks of the upper
+triangle of an im2col matrix 3 times larger: 0.6–0.75× the FLOPs and a third of the copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class RowGeometry:
+    """Shapes of a convolution's row-shifted product for one input size (zero padding)."""
+
+    channels: int  # input channels per group
+    groups: int
+    kernel: tuple[int, int]
+    dilation: tuple[int, int]
+    width_stride: int
+    pad: tuple[int, int, int, int]  # (left, right, top, bottom)
+    height: int
+    width: int
+
+    @property
+    def padded_height(self) -> int:
+        return self.height + self.pad[2] + self.pad[3]
+
+    @property
+    def out_height(self) -> int:
+        return self.padded_height - self.dilation[0] * (self.kernel[0] - 1)
+
+    @property
+    def out_width(self) -> int:
+        span = self.dilation[1] * (self.kernel[1] - 1)
+        return (self.width + self.pad[0] + self.pad[1] - span - 1) // self.width_stride + 1
+
+    @property
+    def row_width(self) -> int:
+        """Columns of U per group: kw kernel columns × channels."""
+        return self.kernel[1] * self.channels
+
+    def sample_elements(self) -> int:
+        """Elements of U per sample."""
+        return self.padded_height * self.out_width * self.groups * self.row_width
+
+    def products(self) -> Iterator[tuple[int, int, int, int]]:
+        """(lag, kernel row i, first, stop) of every GEMM: U rows [first, stop) times the rows
+        ``lag`` further down. i = -1 marks the full product F of the lag in units of rows·dh;
+        otherwise the rows that kernel row i's window excludes from F, to subtract."""
+        dh = self.dilation[0]
+        image = (self.pad[2], self.pad[2] + self.height)
+        for lag in range(self.kernel[0]):
+            shift = lag * dh
+            top = self.padded_height - shift
+            yield lag, -1, 0, top
+            for i in range(self.kernel[0] - lag):
+                window = (i * dh, i * dh + self.out_height)
+                for first, stop in ((0, window[0]), (window[1], top)):
+                    # both rows of a pair inside the image, or the product is zero
+                    first, stop = max(first, image[0]), min(stop, image[1] - shift)
+                    if stop > first:
+                        yield lag, i, first, stop
+
+
+def row_shift_moments(
+    x: Tensor, geometry: RowGeometry, with_sum: bool, chunk_bytes: int
+) -> tuple[Tensor, Tensor | None, int]:
+    """Σ a aᵀ (groups, d, d), Σ a (groups, d) if ``with_sum`` and the patch count of the
+    batch x (n, C, H, W), d = C/groups·kh·kw ordered like ``weight.view(out, -1)``. On CPUs
+    the batch is unfolded in chunks of about ``chunk_bytes`` through one reused buffer."""
+    g = geometry
+    (kh, kw), dh = g.kernel, g.dilation[0]
+    per_sample = g.sample_elements()
+    chunk = len(x) if x.is_cuda else max(1, chunk_bytes // (per_sample * x.element_size()))
+    buffer = x.new_empty(min(chunk, len(x)) * per_sample)
+    width = g.row_width
+    keys: dict[tuple[int, int], int] = {}
+    for lag, i, _, _ in g.products():
+        keys.setdefault((lag, i), len(keys))
+    sums = x.new_zeros(len(keys), g.groups, width, width)  # F of each lag, then the cuts
+    row_sums = x.new_zeros(g.groups, width, g.padded_height) if with_sum else None
+    filled = 0
+    for part in x.split(chunk):
+        # (groups, kw, C/groups, padded rows, n, out width); padding cells zeroed once per size
+        unfolded = _unfold_width(part, buffer, g, zero_padding=len(part) != filled)
+        filled = len(part)
+        step = unfolded.shape[4] * unfolded.shape[5]  # cells per padded row
+        flat = unfolded.flatten(3).flatten(1, 2)  # (groups, width, padded rows·step)
+        for lag, i, first, stop in g.products():
+            shift = lag * dh
+            left = flat[..., first * step : stop * step]
+            right = flat[..., (first + shift) * step : (stop + shift) * step]
+            sums[keys[lag, i]].baddbmm_(left, right.mT)
+        if row_sums is not None:
+            row_sums += flat.unflatten(2, (g.padded_height, step)).sum(-1)
+    cov = x.new_empty(g.groups, g.channels, kh, kw, g.channels, kh, kw)
+    for lag in range(kh):
+        for i in range(kh - lag):
+            k = i + lag
+            block = sums[keys[lag, -1]]
+            if (lag, i) in keys:
+                block = block - sums[keys[lag, i]]
+            block = block.view(g.groups, kw, g.channels, kw, g.channels)
+            cov[:, :, i, :, :, k, :] = block.permute(0, 2, 1, 4, 3)
+            if lag:
+                cov[:, :, k, :, :, i, :] = block.permute(0, 4, 3, 2, 1)
+    d = g.channels * kh * kw
+    col = None
+    if row_sums is not None:
+        windows = [row_sums[..., i * dh : i * dh + g.out_height].sum(-1) for i in range(kh)]
+        col = torch.stack(windows, 1).view(g.groups, kh, kw, g.channels)
+        col = col.permute(0, 3, 1, 2).reshape(g.groups, d)
+    return cov.view(g.groups, d, d), col, len(x) * g.out_height * g.out_width
+
+
+def _unfold_width(part: Tensor, buffer: Tensor, g: RowGeometry, zero_padding: bool) -> Tensor:
+    """U of the chunk ``part`` (n, C, H, W) in ``buffer``, laid out (groups, kw, C/groups,
+    padded rows, n, output columns) so that every copy moves whole input rows: one strided copy
+    per kernel column of the positions inside the input. The cells that read padding are
+    zeroed only with ``zero_padding`` (the first chunk of a size): no copy writes them."""
+    n = len(part)
+    kw, dw, sw = g.kernel[1], g.dilation[1], g.width_stride
+    top, bottom = g.pad[2], g.pad[2] + g.height
+    unfolded = buffer[: n * g.sample_elements()].view(
+        g.groups, kw, g.channels, g.padded_height, n, g.out_width
+    )
+    if zero_padding:
+        unfolded[:, :, :, :top].zero_()
+        unfolded[:, :, :, bottom:].zero_()
+    source = part.unflatten(1, (g.groups, g.channels)).permute(1, 2, 3, 0, 4)  # (G, C, H, n, W)
+    for j in range(kw):
+        offset = j * dw - g.pad[0]
+        first = max(0, -(offset // sw))
+        stop = max(first, min(g.out_width, (g.width - 1 - offset) // sw + 1))
+        rows = unfolded[:, j, :, top:bottom]
+        if zero_padding:
+            rows[..., :first].zero_()
+            rows[..., stop:].zero_()
+        if stop > first:
+            start = first * sw + offset
+            columns = slice(start, start + (stop - first - 1) * sw + 1, sw)
+            rows[..., first:stop].copy_(source[..., columns])
+    return unfolded
