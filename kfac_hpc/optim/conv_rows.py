@@ -95,7 +95,8 @@ def row_shift_moments(
     keys: dict[tuple[int, int], int] = {}
     for lag, i, _, _ in g.products():
         keys.setdefault((lag, i), len(keys))
-    sums = x.new_zeros(len(keys), g.groups, width, width)  # F of each lag, then the cuts
+    sums = x.new_empty(len(keys), g.groups, width, width)  # F of each lag, then the cuts
+    written: set[int] = set()
     row_sums = x.new_zeros(g.groups, width, g.padded_height) if with_sum else None
     filled = 0
     for part in x.split(chunk):
@@ -108,20 +109,26 @@ def row_shift_moments(
             shift = lag * dh
             left = flat[..., first * step : stop * step]
             right = flat[..., (first + shift) * step : (stop + shift) * step]
-            sums[keys[lag, i]].baddbmm_(left, right.mT)
+            key = keys[lag, i]
+            if key in written:
+                sums[key].baddbmm_(left, right.mT)
+            else:  # the first product of a sum overwrites it: no zero-fill
+                torch.bmm(left, right.mT, out=sums[key])
+                written.add(key)
         if row_sums is not None:
             row_sums += flat.unflatten(2, (g.padded_height, step)).sum(-1)
     cov = x.new_empty(g.groups, g.channels, kh, kw, g.channels, kh, kw)
     for lag in range(kh):
         for i in range(kh - lag):
             k = i + lag
-            block = sums[keys[lag, -1]]
+            target = cov[:, :, i, :, :, k, :]  # (groups, C, kw, C, kw)
+            full = _block(sums[keys[lag, -1]], g)
             if (lag, i) in keys:
-                block = block - sums[keys[lag, i]]
-            block = block.view(g.groups, kw, g.channels, kw, g.channels)
-            cov[:, :, i, :, :, k, :] = block.permute(0, 2, 1, 4, 3)
+                torch.sub(full, _block(sums[keys[lag, i]], g), out=target)
+            else:
+                target.copy_(full)
             if lag:
-                cov[:, :, k, :, :, i, :] = block.permute(0, 4, 3, 2, 1)
+                cov[:, :, k, :, :, i, :] = target.permute(0, 3, 4, 1, 2)
     d = g.channels * kh * kw
     col = None
     if row_sums is not None:
@@ -129,6 +136,13 @@ def row_shift_moments(
         col = torch.stack(windows, 1).view(g.groups, kh, kw, g.channels)
         col = col.permute(0, 3, 1, 2).reshape(g.groups, d)
     return cov.view(g.groups, d, d), col, len(x) * g.out_height * g.out_width
+
+
+def _block(product: Tensor, g: RowGeometry) -> Tensor:
+    """A (groups, (j, c), (j', c')) product as a (groups, c, j, c', j') view."""
+    return product.view(g.groups, g.kernel[1], g.channels, g.kernel[1], g.channels).permute(
+        0, 2, 1, 4, 3
+    )
 
 
 def _unfold_width(part: Tensor, buffer: Tensor, g: RowGeometry, zero_padding: bool) -> Tensor:
