@@ -183,7 +183,10 @@ class LinearLayer(KFACLayer):
 
 
 class Conv2dLayer(KFACLayer):
-    """``nn.Conv2d``: im2col patches as A's rows, every output location as a row of G.
+    """``nn.Conv2d``: im2col patches as A's rows, every output location as a row of G. With
+    unit height stride and a kernel taller than one row, A comes from row-shifted products of
+    the width-unfolded input instead (:mod:`kfac_hpc.optim.conv_rows`): the same matrix,
+    without the im2col copy and with fewer FLOPs.
 
     Handles stride, dilation, integer/tuple/'same'/'valid' padding, every padding mode and
     groups (per-group factors: depthwise layers get ``groups`` tiny factors). Under K-FAC-reduce
@@ -327,10 +330,10 @@ class Conv1dLayer(Conv2dLayer):
         return (t.unsqueeze(0) if t.dim() == 2 else t).unsqueeze(2)
 
 
-# On CPUs the batch is processed in chunks whose column matrix is about this large: one reused
-# buffer per factor. Measured on ResNet-32 b64, 2 threads, the whole factor pass: 2 MiB 317 ms,
-# 4 MiB 281, 16 MiB 265, 32 MiB 283. The buffer is K-FAC memory on every rank, and under
-# MEM-OPT the largest part left, so 4 MiB keeps the rank's peak low for 6 % of factor time.
+# On CPUs the batch is processed in chunks whose im2col or width-unfolded matrix is about this
+# large: one reused buffer per factor. Measured on ResNet-32 b64, 2 threads, the whole im2col
+# factor pass: 2 MiB 317 ms, 4 MiB 281, 16 MiB 265, 32 MiB 283. The buffer is K-FAC memory on
+# every rank, and under MEM-OPT the largest part left, so 4 MiB keeps the rank's peak low.
 _CPU_CHUNK_BYTES = 4 << 20
 # On GPUs, the most memory a convolution's G may hold in per-sample products at once.
 _CUDA_CHUNK_BYTES = 64 << 20
