@@ -2,8 +2,9 @@
 checkpoints, and the facts of ``run.json`` that only the live job knows.
 
 The training method is built from the registry (:mod:`kfac_hpc.train.methods`); the job never
-asks which method it runs. Preemption is agreed once per step by
-:meth:`~kfac_hpc.train.preemption.PreemptionHandler.should_stop`.
+asks which method it runs. Preemption is agreed once per step: each rank's flag
+(:meth:`~kfac_hpc.train.preemption.PreemptionHandler.local_flag`) rides in the step's gradient
+allreduce with the time-limit and checkpoint flags, so it costs no collective of its own.
 
 A run whose training loss or parameters become non-finite stops with
 :class:`TrainingDiverged` on every rank alike, and never checkpoints that state: rank 0 sees a
@@ -189,15 +190,15 @@ class Job:
             for tensor in self.model.state_dict().values():
                 dist.broadcast(tensor, src=0)
 
-    def _local_flags(self) -> list[float]:
+    def _local_flags(self, preemption: PreemptionHandler) -> list[float]:
         """[time limit reached here, checkpoint due by rank 0's clock, the step at which rank 0
-        saw the loss diverge (0: it did not)]."""
+        saw the loss diverge (0: it did not), a preemption signal received here]."""
         now = time.perf_counter()
         limit = self.config.time_limit_s
         time_up = limit is not None and self.wall_s() >= limit
         every = self.config.checkpoint_every_min
         due = self.rank == 0 and every is not None and now - self.last_ckpt_time >= every * 60
-        return [float(time_up), float(due), float(self.diverged_at)]
+        return [float(time_up), float(due), float(self.diverged_at), preemption.local_flag()]
 
     # ----------------------------------------------------------------- evaluation
     def evaluate(self, step: int) -> float:
@@ -269,12 +270,12 @@ class Job:
                 self.fault.check(self.rank, pos.step)
             self.timer.begin_step()
             lr = learning_rate(config, pos.step, self.steps_per_epoch, self.total_steps)
-            loss, flags = self.step(pos.step, lr, self._local_flags(), self.timer)
+            loss, flags = self.step(pos.step, lr, self._local_flags(preemption), self.timer)
             pos.step += 1
             recorder.add_loss(loss)
             _stop_if_diverged(flags[2])
-            preempted = preemption.should_stop()
-            self.timer.skip()  # the agreement is neither optimizer nor checkpoint time
+            preempted = preemption.agreed(flags[3])
+            self.timer.skip()  # the bookkeeping is neither optimizer nor checkpoint time
             every = config.checkpoint_every_steps
             if preempted or flags[1] > 0 or (every and pos.step % every == 0):
                 self.save(pos.step)

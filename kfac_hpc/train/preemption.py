@@ -2,9 +2,13 @@
 
 Slurm sends ``--signal=B:USR2@<s>`` (USR1 is NCCL's) to the batch shell or ``--signal=USR2@<s>``
 to the step's tasks, and SIGTERM at the time limit or on ``scancel``. A signal may reach only
-some ranks, so :meth:`PreemptionHandler.should_stop` allreduces the flag (MAX): every rank sees
-the same answer at the same step. The job then checkpoints and exits with
-:data:`REQUEUE_EXIT_CODE`, which the sbatch templates turn into a requeue.
+some ranks, so the flag is summed over ranks before anyone acts on it: every rank sees the same
+answer at the same step. The job sends :meth:`PreemptionHandler.local_flag` in the step's
+gradient allreduce (no collective of its own) and reads the sum with
+:meth:`~PreemptionHandler.agreed`; a loop without such an allreduce calls
+:meth:`~PreemptionHandler.should_stop`, which reduces the flag by itself. The job then
+checkpoints and exits with :data:`REQUEUE_EXIT_CODE`, which the sbatch templates turn into a
+requeue.
 """
 
 from __future__ import annotations
@@ -76,6 +80,17 @@ class PreemptionHandler:
     def __exit__(self, *exc: object) -> None:
         self.uninstall()
 
+    def local_flag(self) -> float:
+        """1.0 when this rank got a signal, else 0.0: the term this rank adds to the sum."""
+        return 1.0 if self.requested else 0.0
+
+    def agreed(self, summed: float) -> bool:
+        """Whether to stop, given :meth:`local_flag` summed over all ranks (the same on every
+        rank, so every rank stops at the same step)."""
+        stop = summed > 0
+        self.requested = self.requested or stop
+        return stop
+
     def should_stop(self) -> bool:
         """True on every rank if any rank got a signal; collective: call on all ranks each step."""
         if not (dist.is_available() and dist.is_initialized()):
@@ -85,8 +100,6 @@ class PreemptionHandler:
             if dist.get_backend(self.group) == "nccl"
             else torch.device("cpu")
         )
-        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        stop = bool(flag.item())
-        self.requested = self.requested or stop
-        return stop
+        flag = torch.tensor([self.local_flag()], dtype=torch.float64, device=device)
+        dist.all_reduce(flag, group=self.group)
+        return self.agreed(float(flag.item()))

@@ -60,6 +60,16 @@ def test_handler_sets_flag_on_signal_and_restores_previous_handler():
     assert signal.getsignal(signal.SIGUSR2) == previous
 
 
+def test_flag_summed_over_ranks_stops_a_rank_that_got_no_signal():
+    quiet, signalled = PreemptionHandler(), PreemptionHandler()
+    signalled.requested = True  # what its signal handler sets
+    summed = quiet.local_flag() + signalled.local_flag()  # the job's allreduce (SUM) of flags
+    assert (quiet.local_flag(), signalled.local_flag()) == (0.0, 1.0)
+    assert quiet.agreed(summed) and signalled.agreed(summed)
+    assert quiet.requested  # it stays decided
+    assert not PreemptionHandler().agreed(0.0)
+
+
 def test_signal_names_are_validated():
     assert parse_signal("USR2") == parse_signal("SIGUSR2") == parse_signal(12) == signal.SIGUSR2
     with pytest.raises(ValueError, match="unknown signal 'USR3'"):

@@ -63,3 +63,17 @@ def start_until_checkpoint(
         assert time.monotonic() < deadline, f"no checkpoint within {timeout_s:g} s"
         time.sleep(0.02)
     return proc
+
+
+def rank_pids(run_dir: Path) -> list[int]:
+    """The training processes (not mpiexec or its proxy) whose command line names run_dir."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        text = b" ".join(argv).decode(errors="replace")
+        if str(run_dir) in text and "mpiexec" not in text and "hydra" not in text:
+            pids.append(int(entry.name))
+    return sorted(pids)

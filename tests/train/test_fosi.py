@@ -22,6 +22,7 @@ from .conftest import (
     QUICK,
     explain,
     metrics,
+    rank_pids,
     read_json,
     run_ranks,
     start_until_checkpoint,
@@ -150,27 +151,13 @@ def test_checkpoint_of_one_rank_resumes_at_two(tmp_path: Path) -> None:
     _reshard(tmp_path, saved_at=1, resumed_at=2)
 
 
-def _rank_pids(run_dir: Path) -> list[int]:
-    """The training processes (not mpiexec or its proxy) whose command line names run_dir."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        text = b" ".join(argv).decode(errors="replace")
-        if str(run_dir) in text and "mpiexec" not in text and "hydra" not in text:
-            pids.append(int(entry.name))
-    return sorted(pids)
-
-
 @pytest.mark.mpi
 def test_usr2_on_one_rank_exits_75_and_resumes_to_the_uninterrupted_result(tmp_path) -> None:
     run, straight = tmp_path / "run", tmp_path / "straight"
     args = [*FOSI, "--steps", "160", "--checkpoint-every", "40", "--ese-every", "50"]
     mpiexec = str(Path(train_cmd(run)[0]).parent / "mpiexec")
     proc = start_until_checkpoint(run, *args, launcher=(mpiexec, "-n", "2"), timeout_s=180)
-    pids = _rank_pids(run)
+    pids = rank_pids(run)
     assert len(pids) == 2, pids
     os.kill(pids[1], signal.SIGUSR2)
     out, err = proc.communicate(timeout=180)

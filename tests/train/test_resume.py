@@ -1,12 +1,26 @@
-"""A run killed mid-way (SIGKILL) or preempted (SIGUSR2) and started again finishes the run."""
+"""A run killed mid-way (SIGKILL) or preempted (SIGUSR2) and started again finishes the run;
+SIGUSR2 on one of two ranks stops both at one step (the flag rides in the gradient allreduce)."""
 
 from __future__ import annotations
 
+import os
 import signal
+from pathlib import Path
 
+import pytest
+
+from kfac_hpc.checkpoint import load_checkpoint
 from kfac_hpc.contracts import validate_run_dir
 
-from .conftest import explain, read_json, run_plain, start_until_checkpoint
+from .conftest import (
+    explain,
+    rank_pids,
+    read_json,
+    run_plain,
+    run_ranks,
+    start_until_checkpoint,
+    train_cmd,
+)
 
 ARGS = ("--epochs", "10", "--checkpoint-every", "10")
 TOTAL_STEPS = 10 * 22
@@ -49,3 +63,28 @@ def test_preempted_run_exits_75_and_resumes(tmp_path):
     assert first["end"] == "preempted"
     assert second["start_step"] == first["end_step"]  # checkpointed at the agreed step
     assert not (run_dir / "preempted").exists()
+
+
+@pytest.mark.mpi
+def test_usr2_on_one_of_two_ranks_stops_both_at_one_step_with_its_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ("--steps", "400", "--checkpoint-every", "10", "--no-progress")
+    mpiexec = str(Path(train_cmd(run_dir)[0]).parent / "mpiexec")
+    proc = start_until_checkpoint(run_dir, *args, launcher=(mpiexec, "-n", "2"))
+    pids = rank_pids(run_dir)
+    assert len(pids) == 2, pids
+    os.kill(pids[1], signal.SIGUSR2)  # rank 0 gets no signal: it learns it from the allreduce
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err[-3000:]
+    summary = read_json(run_dir / "run.json")
+    assert summary["state"] == "preempted" and summary["world_size"] == 2
+    stopped = summary["steps"]
+    assert 10 <= stopped < 400
+    assert summary["attempts"][0]["end"] == "preempted"
+    assert summary["attempts"][0]["end_step"] == stopped
+    assert load_checkpoint(run_dir).step == stopped  # both ranks saved at the agreed step
+    again = run_ranks(2, run_dir, *args)
+    assert again.returncode == 0, explain(again)
+    resumed = read_json(run_dir / "run.json")
+    assert resumed["state"] == "done" and resumed["steps"] == 400
+    assert resumed["attempts"][1]["start_step"] == stopped
