@@ -39,7 +39,7 @@ INV = 10
 METHODS = ("sgd", "kfac-comm-opt", "kfac-hybrid-opt", "kfac-mem-opt")
 # model -> (dataset, global batch, steps); strong scaling, so 4 ranks see batch/4 each.
 # ResNet-32 at 4 ranks shares 2 cores here: 50 steps (4 timed windows) keep a point short.
-CASES = {"small_cnn": ("digits", 128, 60), "resnet32": ("synthetic_cifar", 32, 50)}
+CASES = {"small_cnn": ("digits", 128, 120), "resnet32": ("synthetic_cifar", 32, 50)}
 TRAIN_FLAGS = {
     "sgd": ["--no-kfac"],
     "kfac-comm-opt": ["--kfac", "--grad-worker-fraction", "comm-opt"],

@@ -2,13 +2,16 @@
 
 Starts ``ranks`` local processes (torch.multiprocessing, TCP rendezvous on 127.0.0.1) that
 time allreduce, broadcast and reduce of a few message sizes (in lockstep, after a barrier);
-rank 0 reports the medians. Then the *synchronization wait*: each rank runs a fixed amount
-of single-thread GEMM work (what takes ``T`` seconds on one idle core), then a one-number
-allreduce of 64 KiB. The round's time (mean over ranks, as the job averages its phases)
-minus the cost model's compute for that work (``T`` times the slowdown of ranks sharing
-cores) and minus the same allreduce in lockstep is what
-a collective costs beyond its α-β time when ranks arrive at different moments: jitter, and
-ranks that share cores waiting to be scheduled. Fitted per rank count as ``a + b·T``.
+rank 0 reports the means over rounds and ranks. Means, not medians, because the job's phases
+are means over steps and ranks: on a shared host a few collectives in ten take several times
+the typical one (a rank descheduled mid-collective), and those rounds are part of the step.
+Then the *synchronization wait*: each rank runs a fixed amount of single-thread GEMM work
+(what takes ``T`` seconds on one idle core), then a one-number allreduce of 64 KiB. The
+round's mean time (over rounds and ranks, as the job averages its phases) minus the cost
+model's compute for that work (``T`` times the slowdown of ranks sharing cores) and minus the
+same allreduce in lockstep is what a collective costs beyond its α-β time when ranks arrive
+at different moments: jitter, and ranks that share cores waiting to be scheduled. Fitted per
+rank count as ``a + b·T``.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ __all__ = ["SIZES_BYTES", "SYNC_WORK_S", "local_network", "measure_collectives"]
 SIZES_BYTES = (64, 4 * 2**10, 64 * 2**10, 1 * 2**20, 4 * 2**20)
 SYNC_WORK_S = (0.5e-3, 4e-3, 16e-3)  # compute before each synchronization, one idle core
 SYNC_BYTES = 64 * 2**10  # the allreduce after it (one of SIZES_BYTES)
-_ROUNDS = 5
-_SYNC_ROUNDS = 15
+_ROUNDS = 30  # per collective and size: enough rounds that the mean holds its slow tail
+_SYNC_ROUNDS = 40
 _GEMM_N = 128
 
 Sample = tuple[str, int, float, float]  # (collective or "sync", ranks, bytes or T, seconds)
@@ -63,6 +66,13 @@ def _gemm_s() -> float:
         torch.set_num_threads(before)
 
 
+def _mean_over_ranks(seconds: Sequence[float], ranks: int) -> float:
+    """The mean of every rank's ``seconds`` (each rank's mean, averaged). Collective."""
+    local = torch.tensor([statistics.fmean(seconds)], dtype=torch.float64)
+    dist.all_reduce(local)
+    return float(local.item()) / ranks
+
+
 def _sync_rounds(ranks: int, reps: Sequence[int]) -> list[Sample]:
     """("sync", ranks, T, seconds of work + allreduce, mean over ranks) for each amount of
     work ``reps`` (GEMMs)."""
@@ -76,9 +86,7 @@ def _sync_rounds(ranks: int, reps: Sequence[int]) -> list[Sample]:
                 a @ a
             dist.all_reduce(message)
             rounds.append(time.perf_counter() - start)
-        local = torch.tensor([statistics.median(rounds[1:])], dtype=torch.float64)
-        dist.all_reduce(local)
-        rows.append(("sync", ranks, work_s, float(local.item()) / ranks))
+        rows.append(("sync", ranks, work_s, _mean_over_ranks(rounds[1:], ranks)))
     return rows
 
 
@@ -107,10 +115,7 @@ def _worker(
                 else:
                     dist.reduce(buf, 0)
                 times.append(time.perf_counter() - start)
-            # the slowest rank finishes the collective: take the max over ranks of the median
-            local = torch.tensor([statistics.median(times[1:])], dtype=torch.float64)
-            dist.all_reduce(local, op=dist.ReduceOp.MAX)
-            rows.append((kind, ranks, float(nbytes), float(local.item())))
+            rows.append((kind, ranks, float(nbytes), _mean_over_ranks(times[1:], ranks)))
     rows += _sync_rounds(ranks, reps)
     if rank == 0:
         out.put(rows)
@@ -118,7 +123,7 @@ def _worker(
 
 
 def measure_collectives(ranks: int, sizes: Sequence[int] = SIZES_BYTES) -> list[Sample]:
-    """``(collective, ranks, nbytes, seconds)`` medians from ``ranks`` real gloo processes,
+    """``(collective, ranks, nbytes, seconds)`` means from ``ranks`` real gloo processes,
     then ``("sync", ranks, T, seconds)`` rows (see the module's docstring)."""
     gemm = _gemm_s()
     reps = tuple(max(1, round(t / gemm)) for t in SYNC_WORK_S)

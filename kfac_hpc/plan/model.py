@@ -70,7 +70,7 @@ class PlanConfig:
 @dataclass(frozen=True)
 class Prediction:
     """Seconds per phase (amortized per step), seconds per step outside every phase
-    (``other_s``: the job's bookkeeping and its preemption agreement) and bytes per rank."""
+    (``other_s``: the job's and the preconditioner's bookkeeping) and bytes per rank."""
 
     config: PlanConfig
     phases_s: dict[str, float]
@@ -178,7 +178,8 @@ class CostModel:
         phases["forward"], phases["backward"] = forward * slow, backward * slow
         phases["data"] = data * slow
         grad_bytes = self.shape.params * _FLOAT_BYTES
-        # the job's stop flags ride in the gradients' allreduce (no collective of their own)
+        # the job's stop and preemption flags ride in the gradients' allreduce (no collective
+        # of their own)
         phases["grad_allreduce"] = bucketed_allreduce_s(
             self.network, grad_bytes, cfg.ranks, cfg.bucket_mb
         ) + self._wait(cfg.ranks, data + forward + backward)
@@ -188,24 +189,19 @@ class CostModel:
             3 * self.shape.params + cfg.local_batch * self.shape.activations_per_sample
         ) * 4
         memory += min(grad_bytes, cfg.bucket_mb * 2**20)
-        before_agreement = optimizer
         if cfg.method == "fosi":
             memory += self._fosi(cfg, phases, slow, backward)
         if cfg.kfac:
-            kfac_bytes, before_agreement = self._kfac(cfg, phases, slow)
-            memory += kfac_bytes
-            before_agreement += optimizer
-        # outside every phase: the job's bookkeeping, its preemption agreement (an allreduce
-        # of one integer) and the preconditioner's own bookkeeping around its timed phases
-        other = self.host.job.step_s * slow + collective_s(self.network, "allreduce", 4, cfg.ranks)
-        other += self._wait(cfg.ranks, before_agreement)
+            memory += self._kfac(cfg, phases, slow)
+        # outside every phase: the job's bookkeeping and the preconditioner's own bookkeeping
+        # around its timed phases
+        other = self.host.job.step_s * slow
         if cfg.kfac:
             other += self.compute.kfac_overhead_s(cfg.local_batch) * slow
         return Prediction(cfg, phases, memory, other)
 
-    def _kfac(self, cfg: PlanConfig, phases: dict[str, float], slow: float) -> tuple[float, float]:
-        """Fill the K-FAC phases; return the K-FAC bytes per rank and the (uncontended)
-        compute since the last collective when the preconditioner returns."""
+    def _kfac(self, cfg: PlanConfig, phases: dict[str, float], slow: float) -> float:
+        """Fill the K-FAC phases; return the K-FAC bytes per rank."""
         layers, p = self.shape.layers, cfg.ranks
         assert cfg.strategy is not None
         workers = round(parse_grad_worker_fraction(cfg.strategy, p) * p)
@@ -234,7 +230,6 @@ class CostModel:
             [self.compute.precondition_s(layer) for layer in layers], p // workers
         )
         phases["precondition"] = slow * precondition
-        since_collective = precondition
         if workers < p:
             phases["grad_broadcast"] = sum(
                 collective_s(
@@ -242,8 +237,7 @@ class CostModel:
                 )
                 for layer in layers
             ) + self._wait(p, precondition)
-            since_collective = 0.0
-        return factor_bytes + (workers / p) * sum(second_order), since_collective
+        return factor_bytes + (workers / p) * sum(second_order)
 
     def _fosi(
         self, cfg: PlanConfig, phases: dict[str, float], slow: float, backward: float

@@ -3,8 +3,8 @@
 A real ``kfac-hpc train`` of the smallest model (``mlp``, SGD, one rank, one thread) on the
 planned dataset at the planned batch: its ``data`` phase (loading the batch) and the time
 of each step that no phase counts (the learning-rate schedule, the loss accumulation, the
-preemption agreement, the timer's own laps). Neither depends on the network, so the
-smallest model measures them for every model.
+timer's own laps). Neither depends on the network, so the smallest model measures them for
+every model.
 """
 
 from __future__ import annotations
