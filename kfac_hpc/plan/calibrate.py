@@ -37,8 +37,10 @@ __all__ = ["SIZES_BYTES", "SYNC_WORK_S", "local_network", "measure_collectives"]
 SIZES_BYTES = (64, 4 * 2**10, 64 * 2**10, 1 * 2**20, 4 * 2**20)
 SYNC_WORK_S = (0.5e-3, 4e-3, 16e-3)  # compute before each synchronization, one idle core
 SYNC_BYTES = 64 * 2**10  # the allreduce after it (one of SIZES_BYTES)
-_ROUNDS = 30  # per collective and size: enough rounds that the mean holds its slow tail
-_SYNC_ROUNDS = 40
+# rounds per collective and size, and per amount of sync work: enough that the mean holds
+# the slow tail (about one round in five, several times the typical one, on a shared host)
+_ROUNDS = 100
+_SYNC_ROUNDS = 100
 _GEMM_N = 128
 
 Sample = tuple[str, int, float, float]  # (collective or "sync", ranks, bytes or T, seconds)
@@ -171,8 +173,12 @@ def _collect(queue: Any, procs: list[Any], timeout_s: float = 300) -> list[Sampl
 
 def fit_sync(rows: Sequence[Sample], slowdown: float) -> tuple[float, float]:
     """(a, b) of wait = round − slowdown·T − lockstep allreduce = a + b·T, least squares over
-    one rank count's rows (``slowdown``: the cost model's compute slowdown there)."""
-    lockstep = next(r[3] for r in rows if r[0] == "allreduce" and r[2] == SYNC_BYTES)
+    one rank count's rows (``slowdown``: the cost model's compute slowdown there). The
+    lockstep allreduce is the α-β fit to that count's allreduce rows at SYNC_BYTES, what the
+    cost model adds for it, so model collective + wait = the measured round."""
+    allreduce = [r for r in rows if r[0] == "allreduce"]
+    ranks = allreduce[0][1]
+    lockstep = fit_alpha_beta(allreduce).time_s("allreduce", SYNC_BYTES, ranks)
     sync = [r for r in rows if r[0] == "sync"]
     t = np.array([r[2] for r in sync])
     wait = np.array([r[3] for r in sync]) - slowdown * t - lockstep

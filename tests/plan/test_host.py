@@ -74,8 +74,11 @@ def test_collectives_after_compute_wait_what_the_sync_fit_says() -> None:
 
 
 def test_fit_sync_subtracts_contended_compute_and_the_lockstep_collective() -> None:
-    lockstep = 3e-4
-    rows = [("allreduce", 4, float(SYNC_BYTES), lockstep)]
+    # allreduce rows that an α-β fits exactly: the lockstep cost is that fit at SYNC_BYTES
+    link = AlphaBeta(5e-5, 2e-9)
+    sizes = (64.0, 4096.0, float(SYNC_BYTES), 2.0**20)
+    rows = [("allreduce", 4, n, link.time_s("allreduce", n, 4)) for n in sizes]
+    lockstep = 6 * 5e-5 + 1.5 * SYNC_BYTES * 2e-9  # ring at 4 ranks: 2(P-1), 2(P-1)/P
     rows += [("sync", 4, t, 2 * t + lockstep + 1e-3 + 0.25 * t) for t in (1e-3, 4e-3, 16e-3)]
     a, b = fit_sync(rows, slowdown=2.0)
     assert a == pytest.approx(1e-3) and b == pytest.approx(0.25)
