@@ -3,8 +3,8 @@
 Starts ``ranks`` local processes (torch.multiprocessing, TCP rendezvous on 127.0.0.1) that
 time allreduce, broadcast and reduce of a few message sizes (in lockstep, after a barrier);
 rank 0 reports the means over rounds and ranks. Means, not medians, because the job's phases
-are means over steps and ranks: on a shared host a few collectives in ten take several times
-the typical one (a rank descheduled mid-collective), and those rounds are part of the step.
+are means over steps and ranks: here about one collective in five takes several times the
+typical one (2-5 ms against 0.3 ms at 2 ranks), and those rounds are part of the step.
 Then the *synchronization wait*: each rank runs a fixed amount of single-thread GEMM work
 (what takes ``T`` seconds on one idle core), then a one-number allreduce of 64 KiB. The
 round's mean time (over rounds and ranks, as the job averages its phases) minus the cost

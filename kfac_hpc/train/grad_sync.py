@@ -1,9 +1,10 @@
 """Data-parallel gradient averaging, with the job's stop flags riding along for free.
 
 All gradients are flattened into one buffer with a few extra float slots for flags that every
-rank must agree on (time limit reached, checkpoint due by the clock, preemption signal received);
-one allreduce sums the lot, so agreeing on such a decision costs no extra collective. For a method that
-reduces the gradients itself (FOSI: a reduce-scatter), only the flags are summed.
+rank must agree on (time limit reached, checkpoint due by the clock, preemption signal
+received); one allreduce sums the lot, so agreeing on such a decision costs no extra
+collective. For a method that reduces the gradients itself (FOSI: a reduce-scatter), only the
+flags are summed.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 A step: data -> forward -> backward -> gradient allreduce -> learning rate -> the method's
 update. Decisions every rank must share (stop for the time limit or a preemption signal,
-checkpoint by the clock) ride on the gradient allreduce as flags. A method that reduces the gradients itself
-(``reduces_gradients``) gets each rank's own; only the flags are summed then.
+checkpoint by the clock) ride on the gradient allreduce as flags. A method that reduces the
+gradients itself (``reduces_gradients``) gets each rank's own; only the flags are summed then.
 """
 
 from __future__ import annotations
