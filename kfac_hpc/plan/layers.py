@@ -56,11 +56,6 @@ class LayerShape:
         return (self.n_a**2 + self.n_g**2) * self.groups
 
     @property
-    def triangle_elements(self) -> int:
-        """Elements of the factors' upper triangles (what travels to a factor's one owner)."""
-        return (self.n_a * (self.n_a + 1) // 2 + self.n_g * (self.n_g + 1) // 2) * self.groups
-
-    @property
     def grad_elements(self) -> int:
         return self.n_a * self.n_g * self.groups
 

@@ -2,8 +2,7 @@
 
 Phases are those of the timing contract (``kfac_hpc.contracts.phases``); K-FAC work done every
 ``factor_update_steps`` / ``inv_update_steps`` steps is amortized over its interval. The
-K-FAC layout follows KAISA and the job's preconditioner: factors are allreduced over all ranks
-under COMM-OPT, else reduced to the one rank that decomposes them; each layer's
+K-FAC layout follows KAISA: factors are allreduced over all ranks; each layer's
 eigendecomposition is computed by one rank (LPT-balanced) and broadcast to the layer's
 ``W = grad_worker_fraction · P`` grad workers; when ``W < P`` the preconditioned gradient is
 broadcast from its grad worker to the ``P / W`` ranks of its row. See docs/plan.md.
@@ -16,7 +15,6 @@ from dataclasses import dataclass, field
 
 from kfac_hpc.comm.assignment import lpt_schedule, parse_grad_worker_fraction
 from kfac_hpc.contracts import PHASES
-from kfac_hpc.optim.factor_reduction import OWNER_BUCKET_CAP_MB
 from kfac_hpc.plan.alphabeta import AlphaBeta
 from kfac_hpc.plan.compute import ComputeCosts
 from kfac_hpc.plan.layers import ModelShape
@@ -213,7 +211,10 @@ class CostModel:
         # + the factors' finiteness agreement across ranks (one allreduce of a flag)
         agreement = collective_s(self.network, "allreduce", 4, p)
         phases["factor_compute"] = (slow * factors + agreement) / f
-        phases["factor_comm"] = (self._factor_reduction_s(cfg, workers) + self._wait(p, factors)) / f
+        phases["factor_comm"] = (
+            bucketed_allreduce_s(self.network, factor_bytes, p, cfg.bucket_mb)
+            + self._wait(p, factors)
+        ) / f
         eigh = _max_load([self.compute.layer_eigh_s(layer) for layer in layers], p)
         phases["inverse_compute"] = slow * eigh / i
         second_order = [
@@ -237,21 +238,6 @@ class CostModel:
                 for layer in layers
             ) + self._wait(p, precondition)
         return factor_bytes + (workers / p) * sum(second_order)
-
-    def _factor_reduction_s(self, cfg: PlanConfig, workers: int) -> float:
-        """One factor reduction as the preconditioner does it (kfac_hpc.optim.factor_reduction):
-        COMM-OPT (W = P) allreduces every factor in buckets of ``bucket_mb``; otherwise each
-        factor goes to its one owner, only its upper triangle, in reduce buckets of at most
-        OWNER_BUCKET_CAP_MB (at least one per owner), then one allreduce of a flag per layer."""
-        layers, p = self.shape.layers, cfg.ranks
-        if workers == p:
-            full = sum(layer.factor_elements for layer in layers) * _FLOAT_BYTES
-            return bucketed_allreduce_s(self.network, full, p, cfg.bucket_mb)
-        triangles = sum(layer.triangle_elements for layer in layers) * _FLOAT_BYTES
-        cap = min(cfg.bucket_mb, OWNER_BUCKET_CAP_MB) * 2**20
-        buckets = max(math.ceil(triangles / cap), min(p, 2 * len(layers)))
-        reduces = buckets * collective_s(self.network, "reduce", triangles / buckets, p)
-        return reduces + collective_s(self.network, "allreduce", 8 * len(layers), p)
 
     def _fosi(
         self, cfg: PlanConfig, phases: dict[str, float], slow: float, backward: float
