@@ -183,7 +183,7 @@ class CostModel:
         phases["grad_allreduce"] = bucketed_allreduce_s(
             self.network, grad_bytes, cfg.ranks, cfg.bucket_mb
         ) + self._wait(cfg.ranks, data + forward + backward)
-        optimizer = self.compute.optimizer_s()
+        optimizer = self.compute.optimizer_s(cfg.local_batch)
         phases["optimizer"] = optimizer * slow
         memory: float = (
             3 * self.shape.params + cfg.local_batch * self.shape.activations_per_sample
@@ -252,14 +252,15 @@ class CostModel:
         half_allreduce = 0.5 * collective_s(self.network, "allreduce", vector, p)
         # every step: the base optimizer on the shard, projections on the k + l vectors
         # (2 reads of V's shard), one allreduce of k + l numbers, the update gathered
-        project = 2 * pairs * (vector / p) / self._memory_rate()
-        phases["optimizer"] = slow * (self.compute.optimizer_s() / p + project)
+        rate = self._memory_rate(cfg.local_batch)
+        project = 2 * pairs * (vector / p) / rate
+        phases["optimizer"] = slow * (self.compute.optimizer_s(cfg.local_batch) / p + project)
         phases["optimizer"] += collective_s(self.network, "allreduce", pairs * 4, p)
         phases["optimizer"] += half_allreduce
         # every ese_every steps: Lanczos, each iteration a Hessian-vector product (≈ 2
         # backward passes) on the local batch, the vector gathered and the product
         # reduce-scattered, and full reorthogonalization against the earlier vectors
-        reorth = sum(2 * j * vector / p for j in range(iters)) / self._memory_rate()
+        reorth = sum(2 * j * vector / p for j in range(iters)) / rate
         hvp = 2 * backward
         ese = slow * (iters * hvp + reorth) + iters * (
             2 * half_allreduce + collective_s(self.network, "allreduce", 8, p)
@@ -268,10 +269,10 @@ class CostModel:
         # weights and gradients whole; momentum, velocity and V sharded (SGD: momentum whole)
         return (pairs + 2) * vector / p - vector
 
-    def _memory_rate(self) -> float:
+    def _memory_rate(self, batch: int) -> float:
         """Bytes per second of elementwise traffic: the optimizer's (5 × 4 bytes per
         parameter for SGD with momentum) over its measured or rated time."""
-        seconds = self.compute.optimizer_s()
+        seconds = self.compute.optimizer_s(batch)
         return 5 * 4 * self.shape.params / seconds if seconds > 0 else float("inf")
 
 

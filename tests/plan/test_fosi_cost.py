@@ -33,7 +33,7 @@ def test_ese_at_one_rank_is_lanczos_iterations_of_two_backwards() -> None:
     pred = model.predict(_cfg(1))
     sgd = model.predict(PlanConfig("sgd", 1, 64, "weak"))
     n = model.shape.params
-    rate = 20 * n / model.compute.optimizer_s()  # bytes/s of the optimizer's traffic
+    rate = 20 * n / model.compute.optimizer_s(64)  # bytes/s of the optimizer's traffic
     reorth = sum(2 * j * 4 * n for j in range(12)) / rate
     assert pred.phases_s["ese"] * 50 == pytest.approx(12 * 2 * sgd.phases_s["backward"] + reorth)
     # FOSI's forward and backward are SGD's; its optimizer adds the projections on 3 vectors
@@ -53,8 +53,8 @@ def test_sharded_base_and_its_collectives_at_p_ranks() -> None:
     model = _model()
     p, n = 4, model.shape.params
     pred = model.predict(_cfg(p))
-    rate = 20 * n / model.compute.optimizer_s()
-    local = model.compute.optimizer_s() / p + 2 * 3 * 4 * n / p / rate
+    rate = 20 * n / model.compute.optimizer_s(64)
+    local = model.compute.optimizer_s(64) / p + 2 * 3 * 4 * n / p / rate
     comm = collective_s(NET, "allreduce", 3 * 4, p) + 0.5 * collective_s(NET, "allreduce", 4 * n, p)
     assert pred.phases_s["optimizer"] == pytest.approx(local + comm)
     sgd = model.predict(PlanConfig("sgd", p, 64, "weak"))
