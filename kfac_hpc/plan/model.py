@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kfac_hpc.comm.assignment import lpt_schedule, parse_grad_worker_fraction
+from kfac_hpc.comm.assignment import KAISAAssignment, lpt_schedule, parse_grad_worker_fraction
 from kfac_hpc.contracts import PHASES
 from kfac_hpc.plan.alphabeta import AlphaBeta
 from kfac_hpc.plan.compute import ComputeCosts
@@ -237,7 +237,30 @@ class CostModel:
                 )
                 for layer in layers
             ) + self._wait(p, precondition)
-        return factor_bytes + (workers / p) * sum(second_order)
+        return self._kfac_bytes_per_rank(cfg.strategy, p, second_order)
+
+    def _kfac_bytes_per_rank(self, strategy: str, ranks: int, second_order: list[int]) -> float:
+        """The K-FAC bytes of the fullest rank under the preconditioner's own KAISA
+        assignment: the running factors (every factor on every rank under COMM-OPT, where they
+        are allreduced; otherwise only the factors a rank decomposes, as they are reduced to
+        their owner) plus the second-order data of the layers it preconditions."""
+        layers = self.shape.layers
+        assignment = KAISAAssignment(
+            {f"{n}": (layer.n_a, layer.n_g, layer.groups) for n, layer in enumerate(layers)},
+            ranks,
+            strategy,
+        )
+        allreduced = assignment.grad_worker_count == ranks
+        every_factor = sum(layer.factor_elements for layer in layers) * _FLOAT_BYTES
+        held = [every_factor if allreduced else 0.0] * ranks
+        for n, (layer, data) in enumerate(zip(layers, second_order, strict=True)):
+            plan = assignment.plan(f"{n}")
+            for rank in plan.grad_workers:
+                held[rank] += data
+            if not allreduced:
+                held[plan.a_worker] += layer.n_a**2 * layer.groups * _FLOAT_BYTES
+                held[plan.g_worker] += layer.n_g**2 * layer.groups * _FLOAT_BYTES
+        return max(held)
 
     def _fosi(
         self, cfg: PlanConfig, phases: dict[str, float], slow: float, backward: float
