@@ -80,6 +80,14 @@ class RowGeometry:
                         yield lag, i, first, stop
 
 
+def inside(size_out: int, size_in: int, offset: int, stride: int) -> tuple[slice, int]:
+    """The output positions o (a slice of ``range(size_out)``) whose input position
+    o·stride + offset lies in [0, size_in), and the input position of the first."""
+    first = max(0, -(offset // stride))
+    stop = min(size_out, (size_in - 1 - offset) // stride + 1)
+    return slice(first, max(first, stop)), first * stride + offset
+
+
 def row_shift_moments(
     x: Tensor, geometry: RowGeometry, with_sum: bool, chunk_bytes: int
 ) -> tuple[Tensor, Tensor | None, int]:
@@ -161,15 +169,13 @@ def _unfold_width(part: Tensor, buffer: Tensor, g: RowGeometry, zero_padding: bo
         unfolded[:, :, :, bottom:].zero_()
     source = part.unflatten(1, (g.groups, g.channels)).permute(1, 2, 3, 0, 4)  # (G, C, H, n, W)
     for j in range(kw):
-        offset = j * dw - g.pad[0]
-        first = max(0, -(offset // sw))
-        stop = max(first, min(g.out_width, (g.width - 1 - offset) // sw + 1))
+        outputs, start = inside(g.out_width, g.width, j * dw - g.pad[0], sw)
+        first, stop = outputs.start, outputs.stop
         rows = unfolded[:, j, :, top:bottom]
         if zero_padding:
             rows[..., :first].zero_()
             rows[..., stop:].zero_()
         if stop > first:
-            start = first * sw + offset
             columns = slice(start, start + (stop - first - 1) * sw + 1, sw)
             rows[..., first:stop].copy_(source[..., columns])
     return unfolded

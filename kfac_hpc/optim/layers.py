@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kfac_hpc.optim.conv_rows import RowGeometry, row_shift_moments
+from kfac_hpc.optim.conv_rows import RowGeometry, inside, row_shift_moments
 
 __all__ = ["Conv1dLayer", "Conv2dLayer", "KFACApprox", "KFACLayer", "LinearLayer", "make_layer"]
 
@@ -263,9 +263,9 @@ class Conv2dLayer(KFACLayer):
         p, q = self._out_size(x, pad)
         (kh, kw), (dh, dw), (sh, sw) = self.kernel, self.dilation, self.stride
         for i in range(kh):
-            rows, top = _inside(p, x.shape[2], i * dh - pad[2], sh)
+            rows, top = inside(p, x.shape[2], i * dh - pad[2], sh)
             for j in range(kw):
-                cols, left = _inside(q, x.shape[3], j * dw - pad[0], sw)
+                cols, left = inside(q, x.shape[3], j * dw - pad[0], sw)
                 if rows.stop > rows.start and cols.stop > cols.start:
                     window = x[:, :, top::sh, left::sw]
                     size = (rows.stop - rows.start, cols.stop - cols.start)
@@ -305,9 +305,10 @@ class Conv2dLayer(KFACLayer):
         # as it lies, no copy into a rows matrix; chunks bound the per-sample products.
         per_sample = g.reshape(g.shape[0] * self.groups, self.n_g, -1)
         budget = _CUDA_CHUNK_BYTES if g.is_cuda else _CPU_CHUNK_BYTES
-        chunk = max(1, budget // (self.n_g * self.n_g * g.element_size())) // self.groups
+        sample_bytes = self.groups * self.n_g * self.n_g * g.element_size()
+        samples = max(1, budget // sample_bytes)
         cov = g.new_zeros(self.groups, self.n_g, self.n_g)
-        for part in per_sample.split(max(1, chunk) * self.groups):
+        for part in per_sample.split(samples * self.groups):
             cov += torch.bmm(part, part.mT).unflatten(0, (-1, self.groups)).sum(0)
         return cov
 
@@ -367,14 +368,6 @@ def _gram(mat: Tensor) -> Tensor:
     _gram_into(cov, mat, edges)
     _mirror(cov, edges)
     return cov
-
-
-def _inside(size_out: int, size_in: int, offset: int, stride: int) -> tuple[slice, int]:
-    """The output positions o (a slice of ``range(size_out)``) whose input position
-    o·stride + offset lies in [0, size_in), and the input position of the first."""
-    first = max(0, -(offset // stride))
-    stop = min(size_out, (size_in - 1 - offset) // stride + 1)
-    return slice(first, max(first, stop)), first * stride + offset
 
 
 def _moments(

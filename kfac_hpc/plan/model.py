@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kfac_hpc.comm.assignment import KAISAAssignment, lpt_schedule, parse_grad_worker_fraction
+from kfac_hpc.comm.assignment import KAISAAssignment, lpt_schedule
 from kfac_hpc.contracts import PHASES
 from kfac_hpc.plan.alphabeta import AlphaBeta
 from kfac_hpc.plan.compute import ComputeCosts
@@ -204,7 +204,12 @@ class CostModel:
         """Fill the K-FAC phases; return the K-FAC bytes per rank."""
         layers, p = self.shape.layers, cfg.ranks
         assert cfg.strategy is not None
-        workers = round(parse_grad_worker_fraction(cfg.strategy, p) * p)
+        assignment = KAISAAssignment(
+            {f"{n}": (layer.n_a, layer.n_g, layer.groups) for n, layer in enumerate(layers)},
+            p,
+            cfg.strategy,
+        )
+        workers = assignment.grad_worker_count
         f, i = cfg.factor_update_steps, cfg.inv_update_steps
         factor_bytes = sum(layer.factor_elements for layer in layers) * _FLOAT_BYTES
         factors = sum(self.compute.factor_s(layer, cfg.local_batch) for layer in layers)
@@ -237,19 +242,14 @@ class CostModel:
                 )
                 for layer in layers
             ) + self._wait(p, precondition)
-        return self._kfac_bytes_per_rank(cfg.strategy, p, second_order)
+        return self._kfac_bytes_per_rank(assignment, second_order)
 
-    def _kfac_bytes_per_rank(self, strategy: str, ranks: int, second_order: list[int]) -> float:
+    def _kfac_bytes_per_rank(self, assignment: KAISAAssignment, second_order: list[int]) -> float:
         """The K-FAC bytes of the fullest rank under the preconditioner's own KAISA
         assignment: the running factors (every factor on every rank under COMM-OPT, where they
         are allreduced; otherwise only the factors a rank decomposes, as they are reduced to
         their owner) plus the second-order data of the layers it preconditions."""
-        layers = self.shape.layers
-        assignment = KAISAAssignment(
-            {f"{n}": (layer.n_a, layer.n_g, layer.groups) for n, layer in enumerate(layers)},
-            ranks,
-            strategy,
-        )
+        layers, ranks = self.shape.layers, assignment.world_size
         allreduced = assignment.grad_worker_count == ranks
         every_factor = sum(layer.factor_elements for layer in layers) * _FLOAT_BYTES
         held = [every_factor if allreduced else 0.0] * ranks
