@@ -97,24 +97,25 @@ class EigenMethod(SecondOrderMethod):
         for key in which:
             matrix = matrices[key]
             assert matrix is not None, f"factor {key} is not kept on this rank"
-            computed[key] = _contiguous(decompose(matrix, self.dtype))
+            data = decompose(matrix, self.dtype)
+            computed[key] = None if data is None else EigenFactor(_column_major(data.Q), data.d)
         return computed
 
     def identity(self, shape: tuple[int, ...], device: torch.device) -> SecondOrder:
         eye = torch.eye(shape[-1], dtype=self.dtype, device=device).expand(shape)
         return EigenFactor(
-            eye.contiguous(), torch.ones(shape[:-1], dtype=self.dtype, device=device)
+            _column_major(eye), torch.ones(shape[:-1], dtype=self.dtype, device=device)
         )
 
     def empty(self, shape: tuple[int, ...], device: torch.device) -> SecondOrder:
         return EigenFactor(
-            torch.empty(shape, dtype=self.dtype, device=device),
+            _empty_column_major(shape, self.dtype, device),
             torch.empty(shape[:-1], dtype=self.dtype, device=device),
         )
 
     def from_tensors(self, tensors: Sequence[Tensor]) -> SecondOrder:
         q, d = tensors
-        return EigenFactor(q, d)
+        return EigenFactor(_column_major(q), d)
 
     def outer(self, a: SecondOrder, g: SecondOrder, damping: float) -> Tensor | None:
         assert isinstance(a, EigenFactor) and isinstance(g, EigenFactor)
@@ -151,18 +152,22 @@ class InverseMethod(SecondOrderMethod):
             damping_a = torch.full(a.shape[:-2], damping, dtype=torch.float64, device=a.device)
             damping_g = torch.full(g.shape[:-2], damping, dtype=torch.float64, device=g.device)
         pairs = {"A": (a, damping_a), "G": (g, damping_g)}
-        return {key: _contiguous(invert(*pairs[key], self.dtype)) for key in which}
+        computed: dict[str, SecondOrder | None] = {}
+        for key in which:
+            data = invert(*pairs[key], self.dtype)
+            computed[key] = None if data is None else InverseFactor(_column_major(data.inv))
+        return computed
 
     def identity(self, shape: tuple[int, ...], device: torch.device) -> SecondOrder:
         eye = torch.eye(shape[-1], dtype=self.dtype, device=device).expand(shape)
-        return InverseFactor(eye.contiguous())
+        return InverseFactor(_column_major(eye))
 
     def empty(self, shape: tuple[int, ...], device: torch.device) -> SecondOrder:
-        return InverseFactor(torch.empty(shape, dtype=self.dtype, device=device))
+        return InverseFactor(_empty_column_major(shape, self.dtype, device))
 
     def from_tensors(self, tensors: Sequence[Tensor]) -> SecondOrder:
         (inv,) = tensors
-        return InverseFactor(inv)
+        return InverseFactor(_column_major(inv))
 
     def outer(self, a: SecondOrder, g: SecondOrder, damping: float) -> Tensor | None:
         return None
@@ -174,13 +179,17 @@ class InverseMethod(SecondOrderMethod):
         return precondition_inverse(grad, a, g)
 
 
-def _contiguous(data: SecondOrder | None) -> SecondOrder | None:
-    """Contiguous copies: broadcasts and checkpoints need contiguous tensors."""
-    if isinstance(data, EigenFactor):
-        return EigenFactor(data.Q.contiguous(), data.d.contiguous())
-    if isinstance(data, InverseFactor):
-        return InverseFactor(data.inv.contiguous())
-    return None
+def _column_major(matrix: Tensor) -> Tensor:
+    """``matrix`` with its last two dimensions column-major, the layout in which LAPACK and
+    cuSOLVER return eigenvectors and inverses: a fresh result is kept as it is (no copy), and
+    every rank (computing, receiving or loading it) holds the same layout, so that their
+    preconditioning GEMMs round alike and the ranks' gradients stay bit-identical."""
+    return matrix if matrix.mT.is_contiguous() else matrix.mT.contiguous().mT
+
+
+def _empty_column_major(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """An uninitialised column-major tensor of ``shape`` (a broadcast's receiver)."""
+    return torch.empty((*shape[:-2], shape[-1], shape[-2]), dtype=dtype, device=device).mT
 
 
 def make_method(

@@ -15,10 +15,16 @@ subtracts the rows that its own window excludes: only rows whose both values lie
 image, as the padding rows of U are zero. For a 3×3 'same' convolution that is 3 GEMMs of
 3C-wide rows plus 2 one-row cuts per chunk, instead of the 45 C-wide blocks of the upper
 triangle of an im2col matrix 3 times larger: 0.6–0.75× the FLOPs and a third of the copies.
+
+The cells of U that read padding are never written by a copy, so they are zeroed once per
+buffer: an :class:`UnfoldBuffer` handed from layer to layer keeps them zero across the
+consecutive convolutions of one geometry (a ResNet stage), and the batch is split into equal
+chunks so that one zeroing serves every chunk.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -80,6 +86,35 @@ class RowGeometry:
                         yield lag, i, first, stop
 
 
+class UnfoldBuffer:
+    """The width-unfolding buffer, reused by consecutive convolutions of one geometry.
+
+    Holds one buffer at a time and frees it before allocating one of another geometry or chunk
+    length, so it never holds more than the single buffer each layer would allocate;
+    ``release()`` frees it (the preconditioner does after every factor pass).
+    """
+
+    def __init__(self) -> None:
+        self._key: tuple[object, ...] | None = None
+        self._tensor: Tensor | None = None
+        self.zeroed_samples = 0  # the chunk length whose padding cells hold zeros
+
+    def get(self, geometry: RowGeometry, samples: int, like: Tensor) -> Tensor:
+        """The buffer of chunks of ``samples`` samples of ``geometry``, dtype and device of
+        ``like``; a new one (padding cells not yet zeroed) when the last was another."""
+        key = (geometry, samples, like.dtype, like.device)
+        if self._tensor is None or key != self._key:
+            self._tensor = None  # free the old buffer before the new one exists
+            self._tensor = like.new_empty(samples * geometry.sample_elements())
+            self._key, self.zeroed_samples = key, 0
+        return self._tensor
+
+    def release(self) -> None:
+        """Free the buffer."""
+        self._key = self._tensor = None
+        self.zeroed_samples = 0
+
+
 def inside(size_out: int, size_in: int, offset: int, stride: int) -> tuple[slice, int]:
     """The output positions o (a slice of ``range(size_out)``) whose input position
     o·stride + offset lies in [0, size_in), and the input position of the first."""
@@ -89,40 +124,40 @@ def inside(size_out: int, size_in: int, offset: int, stride: int) -> tuple[slice
 
 
 def row_shift_moments(
-    x: Tensor, geometry: RowGeometry, with_sum: bool, chunk_bytes: int
+    x: Tensor,
+    geometry: RowGeometry,
+    with_sum: bool,
+    chunk_bytes: int,
+    buffer: UnfoldBuffer | None = None,
 ) -> tuple[Tensor, Tensor | None, int]:
     """Σ a aᵀ (groups, d, d), Σ a (groups, d) if ``with_sum`` and the patch count of the
     batch x (n, C, H, W), d = C/groups·kh·kw ordered like ``weight.view(out, -1)``. On CPUs
-    the batch is unfolded in chunks of about ``chunk_bytes`` through one reused buffer."""
+    the batch is unfolded in equal chunks of at most ``chunk_bytes`` through one buffer
+    (``buffer``'s, else a private one)."""
     g = geometry
     (kh, kw), dh = g.kernel, g.dilation[0]
-    per_sample = g.sample_elements()
-    chunk = len(x) if x.is_cuda else max(1, chunk_bytes // (per_sample * x.element_size()))
-    buffer = x.new_empty(min(chunk, len(x)) * per_sample)
+    most = len(x) if x.is_cuda else max(1, chunk_bytes // (g.sample_elements() * x.element_size()))
+    chunk = -(-len(x) // -(-len(x) // most))  # equal chunks of at most ``most`` samples
+    workspace = UnfoldBuffer() if buffer is None else buffer
+    memory = workspace.get(g, chunk, x)
+    slots, gemms = _product_plan(g)
     width = g.row_width
-    keys: dict[tuple[int, int], int] = {}
-    for lag, i, _, _ in g.products():
-        keys.setdefault((lag, i), len(keys))
-    sums = x.new_empty(len(keys), g.groups, width, width)  # F of each lag, then the cuts
-    written: set[int] = set()
+    sums = x.new_empty(len(slots), g.groups, width, width)  # F of each lag, then the cuts
     row_sums = x.new_zeros(g.groups, width, g.padded_height) if with_sum else None
-    filled = 0
-    for part in x.split(chunk):
-        # (groups, kw, C/groups, padded rows, n, out width); padding cells zeroed once per size
-        unfolded = _unfold_width(part, buffer, g, zero_padding=len(part) != filled)
-        filled = len(part)
+    for index, part in enumerate(x.split(chunk)):
+        # (groups, kw, C/groups, padded rows, n, out width)
+        zero = workspace.zeroed_samples != len(part)
+        unfolded = _unfold_width(part, memory, g, zero_padding=zero)
+        workspace.zeroed_samples = len(part)
         step = unfolded.shape[4] * unfolded.shape[5]  # cells per padded row
         flat = unfolded.flatten(3).flatten(1, 2)  # (groups, width, padded rows·step)
-        for lag, i, first, stop in g.products():
-            shift = lag * dh
+        for slot, shift, first, stop, opens in gemms:
             left = flat[..., first * step : stop * step]
             right = flat[..., (first + shift) * step : (stop + shift) * step]
-            key = keys[lag, i]
-            if key in written:
-                sums[key].baddbmm_(left, right.mT)
-            else:  # the first product of a sum overwrites it: no zero-fill
-                torch.bmm(left, right.mT, out=sums[key])
-                written.add(key)
+            if opens and index == 0:  # the first product of a sum overwrites it: no zero-fill
+                torch.bmm(left, right.mT, out=sums[slot])
+            else:
+                sums[slot].baddbmm_(left, right.mT)
         if row_sums is not None:
             row_sums += flat.unflatten(2, (g.padded_height, step)).sum(-1)
     cov = x.new_empty(g.groups, g.channels, kh, kw, g.channels, kh, kw)
@@ -130,9 +165,9 @@ def row_shift_moments(
         for i in range(kh - lag):
             k = i + lag
             target = cov[:, :, i, :, :, k, :]  # (groups, C, kw, C, kw)
-            full = _block(sums[keys[lag, -1]], g)
-            if (lag, i) in keys:
-                torch.sub(full, _block(sums[keys[lag, i]], g), out=target)
+            full = _block(sums[slots[lag, -1]], g)
+            if (lag, i) in slots:
+                torch.sub(full, _block(sums[slots[lag, i]], g), out=target)
             else:
                 target.copy_(full)
             if lag:
@@ -146,6 +181,21 @@ def row_shift_moments(
     return cov.view(g.groups, d, d), col, len(x) * g.out_height * g.out_width
 
 
+@functools.lru_cache(maxsize=64)
+def _product_plan(
+    g: RowGeometry,
+) -> tuple[dict[tuple[int, int], int], tuple[tuple[int, int, int, int, bool], ...]]:
+    """The sum slot of every (lag, kernel row) of ``g.products()`` (do not modify: cached)
+    and every GEMM as (slot, shift in padded rows, first, stop, whether it opens its slot)."""
+    slots: dict[tuple[int, int], int] = {}
+    gemms = []
+    for lag, i, first, stop in g.products():
+        opens = (lag, i) not in slots
+        slot = slots.setdefault((lag, i), len(slots))
+        gemms.append((slot, lag * g.dilation[0], first, stop, opens))
+    return slots, tuple(gemms)
+
+
 def _block(product: Tensor, g: RowGeometry) -> Tensor:
     """A (groups, (j, c), (j', c')) product as a (groups, c, j, c', j') view."""
     return product.view(g.groups, g.kernel[1], g.channels, g.kernel[1], g.channels).permute(
@@ -157,7 +207,8 @@ def _unfold_width(part: Tensor, buffer: Tensor, g: RowGeometry, zero_padding: bo
     """U of the chunk ``part`` (n, C, H, W) in ``buffer``, laid out (groups, kw, C/groups,
     padded rows, n, output columns) so that every copy moves whole input rows: one strided copy
     per kernel column of the positions inside the input. The cells that read padding are
-    zeroed only with ``zero_padding`` (the first chunk of a size): no copy writes them."""
+    zeroed only with ``zero_padding`` (a buffer's first chunk of a length): no copy writes
+    them."""
     n = len(part)
     kw, dw, sw = g.kernel[1], g.dilation[1], g.width_stride
     top, bottom = g.pad[2], g.pad[2] + g.height
@@ -172,8 +223,9 @@ def _unfold_width(part: Tensor, buffer: Tensor, g: RowGeometry, zero_padding: bo
         outputs, start = inside(g.out_width, g.width, j * dw - g.pad[0], sw)
         first, stop = outputs.start, outputs.stop
         rows = unfolded[:, j, :, top:bottom]
-        if zero_padding:
+        if zero_padding and first > 0:
             rows[..., :first].zero_()
+        if zero_padding and stop < g.out_width:
             rows[..., stop:].zero_()
         if stop > first:
             columns = slice(start, start + (stop - first - 1) * sw + 1, sw)

@@ -33,6 +33,7 @@ from kfac_hpc.comm import (
 )
 from kfac_hpc.contracts.phases import KFAC_PHASES
 from kfac_hpc.optim.compute import SecondOrder, make_method
+from kfac_hpc.optim.conv_rows import UnfoldBuffer
 from kfac_hpc.optim.factor_reduction import FactorReduction
 from kfac_hpc.optim.factors import LayerFactors
 from kfac_hpc.optim.kfac_state import KFACStateMixin
@@ -40,7 +41,7 @@ from kfac_hpc.optim.layer_state import LayerState
 from kfac_hpc.optim.layers import KFACApprox, KFACLayer, make_layer
 from kfac_hpc.optim.options import ComputeMethod, DampingMode, GradScalerLike, KFACOptions
 from kfac_hpc.optim.schedules import Hyperparameter
-from kfac_hpc.optim.second_order import finite_flag
+from kfac_hpc.optim.second_order import all_finite
 from kfac_hpc.optim.second_order_update import SecondOrderUpdate
 
 __all__ = ["PHASES", "KFACPreconditioner"]
@@ -115,6 +116,7 @@ class KFACPreconditioner(KFACStateMixin):
         inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
         assert isinstance(inner, nn.Module)
         self.model = inner
+        self._unfold_buffer = UnfoldBuffer()  # the convolutions' one, freed after factor passes
         self.states = {layer.name: LayerState(layer) for layer in self._register(inner)}
         initialised = dist.is_available() and dist.is_initialized()
         self.world_size = dist.get_world_size() if initialised else 1
@@ -186,6 +188,7 @@ class KFACPreconditioner(KFACStateMixin):
                 module,
                 self.options.kfac_approx,  # type: ignore[arg-type]
                 self.options.factor_sample_fraction,
+                self._unfold_buffer,
             )
             if layer is not None:
                 layers.append(layer)
@@ -305,6 +308,7 @@ class KFACPreconditioner(KFACStateMixin):
     def _update_factors(self, timings: dict[str, float]) -> None:
         with self._timed(timings, "factor_compute"):
             self._compute_saved_factors()
+            self._unfold_buffer.release()
             self.reducer.submit_rest(self.options.accumulation_steps)
         with self._timed(timings, "factor_comm"):
             live = self.reducer.wait()
@@ -327,12 +331,12 @@ class KFACPreconditioner(KFACStateMixin):
     def _commit_factors(self, states: list[LayerState]) -> None:
         """Fold this step's statistics of ``states`` into the running averages, unless any rank
         saw inf/NaN in them (each is checked on the ranks that received it) or in a gradient
-        (one host sync for all layers)."""
+        (one host sync for all layers, one summing pass per tensor)."""
         checked = [
             t for s in states for t in (s.factors.pending_a, s.factors.pending_g) if t is not None
         ]
         checked += [p.grad for p in self.model.parameters() if p.grad is not None]
-        finite = bool(finite_flag(checked)) if checked else True
+        finite = all_finite(checked)
         if any_rank(not finite, device=checked[0].device if checked else None):
             self.skipped_factor_updates += 1
             for s in states:
