@@ -17,9 +17,7 @@ image, as the padding rows of U are zero. For a 3×3 'same' convolution that is 
 triangle of an im2col matrix 3 times larger: 0.6–0.75× the FLOPs and a third of the copies.
 
 The cells of U that read padding are never written by a copy, so they are zeroed once per
-buffer: an :class:`UnfoldBuffer` handed from layer to layer keeps them zero across the
-consecutive convolutions of one geometry (a ResNet stage), and the batch is split into equal
-chunks so that one zeroing serves every chunk.
+call: the batch is split into equal chunks that all reuse one buffer and its zeros.
 """
 
 from __future__ import annotations
@@ -86,35 +84,6 @@ class RowGeometry:
                         yield lag, i, first, stop
 
 
-class UnfoldBuffer:
-    """The width-unfolding buffer, reused by consecutive convolutions of one geometry.
-
-    Holds one buffer at a time and frees it before allocating one of another geometry or chunk
-    length, so it never holds more than the single buffer each layer would allocate;
-    ``release()`` frees it (the preconditioner does after every factor pass).
-    """
-
-    def __init__(self) -> None:
-        self._key: tuple[object, ...] | None = None
-        self._tensor: Tensor | None = None
-        self.zeroed_samples = 0  # the chunk length whose padding cells hold zeros
-
-    def get(self, geometry: RowGeometry, samples: int, like: Tensor) -> Tensor:
-        """The buffer of chunks of ``samples`` samples of ``geometry``, dtype and device of
-        ``like``; a new one (padding cells not yet zeroed) when the last was another."""
-        key = (geometry, samples, like.dtype, like.device)
-        if self._tensor is None or key != self._key:
-            self._tensor = None  # free the old buffer before the new one exists
-            self._tensor = like.new_empty(samples * geometry.sample_elements())
-            self._key, self.zeroed_samples = key, 0
-        return self._tensor
-
-    def release(self) -> None:
-        """Free the buffer."""
-        self._key = self._tensor = None
-        self.zeroed_samples = 0
-
-
 def inside(size_out: int, size_in: int, offset: int, stride: int) -> tuple[slice, int]:
     """The output positions o (a slice of ``range(size_out)``) whose input position
     o·stride + offset lies in [0, size_in), and the input position of the first."""
@@ -124,40 +93,36 @@ def inside(size_out: int, size_in: int, offset: int, stride: int) -> tuple[slice
 
 
 def row_shift_moments(
-    x: Tensor,
-    geometry: RowGeometry,
-    with_sum: bool,
-    chunk_bytes: int,
-    buffer: UnfoldBuffer | None = None,
+    x: Tensor, geometry: RowGeometry, with_sum: bool, chunk_bytes: int
 ) -> tuple[Tensor, Tensor | None, int]:
     """Σ a aᵀ (groups, d, d), Σ a (groups, d) if ``with_sum`` and the patch count of the
     batch x (n, C, H, W), d = C/groups·kh·kw ordered like ``weight.view(out, -1)``. On CPUs
-    the batch is unfolded in equal chunks of at most ``chunk_bytes`` through one buffer
-    (``buffer``'s, else a private one)."""
+    the batch is unfolded in equal chunks of at most ``chunk_bytes`` through one buffer."""
     g = geometry
     (kh, kw), dh = g.kernel, g.dilation[0]
     most = len(x) if x.is_cuda else max(1, chunk_bytes // (g.sample_elements() * x.element_size()))
     chunk = -(-len(x) // -(-len(x) // most))  # equal chunks of at most ``most`` samples
-    workspace = UnfoldBuffer() if buffer is None else buffer
-    memory = workspace.get(g, chunk, x)
+    buffer = x.new_empty(chunk * g.sample_elements())
     slots, gemms = _product_plan(g)
     width = g.row_width
     sums = x.new_empty(len(slots), g.groups, width, width)  # F of each lag, then the cuts
+    outputs = sums.unbind(0)
     row_sums = x.new_zeros(g.groups, width, g.padded_height) if with_sum else None
+    zeroed = 0  # the chunk length whose padding cells the buffer holds zeros in
     for index, part in enumerate(x.split(chunk)):
         # (groups, kw, C/groups, padded rows, n, out width)
-        zero = workspace.zeroed_samples != len(part)
-        unfolded = _unfold_width(part, memory, g, zero_padding=zero)
-        workspace.zeroed_samples = len(part)
+        unfolded = _unfold_width(part, buffer, g, zero_padding=zeroed != len(part))
+        zeroed = len(part)
         step = unfolded.shape[4] * unfolded.shape[5]  # cells per padded row
         flat = unfolded.flatten(3).flatten(1, 2)  # (groups, width, padded rows·step)
+        flat_t = flat.mT
         for slot, shift, first, stop, opens in gemms:
             left = flat[..., first * step : stop * step]
-            right = flat[..., (first + shift) * step : (stop + shift) * step]
+            right = flat_t[:, (first + shift) * step : (stop + shift) * step]
             if opens and index == 0:  # the first product of a sum overwrites it: no zero-fill
-                torch.bmm(left, right.mT, out=sums[slot])
+                torch.bmm(left, right, out=outputs[slot])
             else:
-                sums[slot].baddbmm_(left, right.mT)
+                outputs[slot].baddbmm_(left, right)
         if row_sums is not None:
             row_sums += flat.unflatten(2, (g.padded_height, step)).sum(-1)
     cov = x.new_empty(g.groups, g.channels, kh, kw, g.channels, kh, kw)
@@ -207,7 +172,7 @@ def _unfold_width(part: Tensor, buffer: Tensor, g: RowGeometry, zero_padding: bo
     """U of the chunk ``part`` (n, C, H, W) in ``buffer``, laid out (groups, kw, C/groups,
     padded rows, n, output columns) so that every copy moves whole input rows: one strided copy
     per kernel column of the positions inside the input. The cells that read padding are
-    zeroed only with ``zero_padding`` (a buffer's first chunk of a length): no copy writes
+    zeroed only with ``zero_padding`` (the first chunk, or a shorter last one): no copy writes
     them."""
     n = len(part)
     kw, dw, sw = g.kernel[1], g.dilation[1], g.width_stride

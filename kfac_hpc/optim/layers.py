@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kfac_hpc.optim.conv_rows import RowGeometry, UnfoldBuffer, inside, row_shift_moments
+from kfac_hpc.optim.conv_rows import RowGeometry, inside, row_shift_moments
 
 __all__ = ["Conv1dLayer", "Conv2dLayer", "KFACApprox", "KFACLayer", "LinearLayer", "make_layer"]
 
@@ -205,8 +205,6 @@ class Conv2dLayer(KFACLayer):
         super().__init__(name, module, module.groups, n_a, module.out_channels // module.groups)
         self.padding_mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
         self._pad = self._explicit_padding(module.padding)
-        # shared by the layers of one preconditioner (see conv_rows); None: one per call
-        self.unfold_buffer: UnfoldBuffer | None = None
 
     @staticmethod
     def _pair(value: tuple[int, ...]) -> tuple[int, int]:
@@ -238,8 +236,7 @@ class Conv2dLayer(KFACLayer):
             x = F.pad(x, pad, mode=self.padding_mode)  # once; the taps then see no padding
             pad = (0, 0, 0, 0)
         if self.stride[0] == 1 and self.kernel[0] > 1:
-            geometry = self._rows(x, pad)
-            return row_shift_moments(x, geometry, with_sum, _CPU_CHUNK_BYTES, self.unfold_buffer)
+            return row_shift_moments(x, self._rows(x, pad), with_sum, _CPU_CHUNK_BYTES)
         p, q = self._out_size(x, pad)
         columns = functools.partial(self._patch_matrix, pad=pad)
         return _moments(x, columns, (self.groups, n_in, p * q), with_sum)
@@ -405,10 +402,8 @@ def make_layer(
     module: nn.Module,
     approx: KFACApprox = KFACApprox.EXPAND,
     sample_fraction: float = 1.0,
-    unfold_buffer: UnfoldBuffer | None = None,
 ) -> KFACLayer | None:
-    """The K-FAC layer of a supported module with trainable weights, else None; convolutions
-    share ``unfold_buffer`` (a preconditioner passes one to all its layers)."""
+    """The K-FAC layer of a supported module with trainable weights, else None."""
     weight = getattr(module, "weight", None)
     if not isinstance(weight, Tensor) or not weight.requires_grad:
         return None
@@ -417,10 +412,8 @@ def make_layer(
         layer = LinearLayer(name, module)
     elif isinstance(module, nn.Conv2d):
         layer = Conv2dLayer(name, module)
-        layer.unfold_buffer = unfold_buffer
     elif isinstance(module, nn.Conv1d):
         layer = Conv1dLayer(name, module)
-        layer.unfold_buffer = unfold_buffer
     else:
         return None
     layer.approx = approx

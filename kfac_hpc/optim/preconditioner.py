@@ -33,7 +33,6 @@ from kfac_hpc.comm import (
 )
 from kfac_hpc.contracts.phases import KFAC_PHASES
 from kfac_hpc.optim.compute import SecondOrder, make_method
-from kfac_hpc.optim.conv_rows import UnfoldBuffer
 from kfac_hpc.optim.factor_reduction import FactorReduction
 from kfac_hpc.optim.factors import LayerFactors
 from kfac_hpc.optim.kfac_state import KFACStateMixin
@@ -116,7 +115,6 @@ class KFACPreconditioner(KFACStateMixin):
         inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
         assert isinstance(inner, nn.Module)
         self.model = inner
-        self._unfold_buffer = UnfoldBuffer()  # the convolutions' one, freed after factor passes
         self.states = {layer.name: LayerState(layer) for layer in self._register(inner)}
         initialised = dist.is_available() and dist.is_initialized()
         self.world_size = dist.get_world_size() if initialised else 1
@@ -188,7 +186,6 @@ class KFACPreconditioner(KFACStateMixin):
                 module,
                 self.options.kfac_approx,  # type: ignore[arg-type]
                 self.options.factor_sample_fraction,
-                self._unfold_buffer,
             )
             if layer is not None:
                 layers.append(layer)
@@ -308,7 +305,6 @@ class KFACPreconditioner(KFACStateMixin):
     def _update_factors(self, timings: dict[str, float]) -> None:
         with self._timed(timings, "factor_compute"):
             self._compute_saved_factors()
-            self._unfold_buffer.release()
             self.reducer.submit_rest(self.options.accumulation_steps)
         with self._timed(timings, "factor_comm"):
             live = self.reducer.wait()

@@ -76,8 +76,8 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
     sums = [t.detach().sum(dtype=torch.promote_types(t.dtype, torch.float32)) for t in tensors]
     if bool(torch.isfinite(torch.stack(sums)).all()):
         return True
-    norms = [torch.linalg.vector_norm(t.detach(), float("inf")).float() for t in tensors]
-    return bool(torch.isfinite(torch.stack(norms)).all())
+    norms = [torch.linalg.vector_norm(t.detach(), float("inf")) for t in tensors]
+    return bool(torch.stack([torch.isfinite(norm) for norm in norms]).all())
 
 
 def _jittered(matrix: Tensor, scale: float) -> Tensor:

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from kfac_hpc import KFACPreconditioner
+from kfac_hpc.optim.second_order import all_finite, decompose
 from tests.optim.helpers import small_cnn
 
 
@@ -197,3 +198,32 @@ def test_accumulation_and_hook_modes_agree() -> None:
     for name, (a, g) in factors[0].items():
         torch.testing.assert_close(a, (halves[0][name][0] + halves[1][name][0]) / 2)
         torch.testing.assert_close(g, (halves[0][name][1] + halves[1][name][1]) / 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_all_finite_is_exact_when_a_finite_sum_overflows(dtype: torch.dtype) -> None:
+    """A sum that overflows on finite elements must not be taken for an inf element."""
+    overflowing = torch.full((8,), torch.finfo(dtype).max / 2, dtype=dtype)
+    assert bool(torch.isinf(overflowing.sum()))
+    assert all_finite([overflowing]) and all_finite([torch.ones(3, dtype=dtype), overflowing])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_all_finite_finds_every_inf_and_nan(dtype: torch.dtype) -> None:
+    assert all_finite([]) and all_finite([torch.ones(2, 3, dtype=dtype)])
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for position in (0, 5):
+            t = torch.ones(2, 3, dtype=dtype)
+            t.view(-1)[position] = bad
+            assert not all_finite([torch.zeros(4, dtype=dtype), t])
+    opposite = torch.tensor([float("inf"), -float("inf")], dtype=dtype)  # sums to NaN
+    assert not all_finite([opposite])
+
+
+def test_decompose_returns_none_for_a_non_finite_factor_without_raising() -> None:
+    matrix = torch.eye(3)
+    matrix[1, 2] = matrix[2, 1] = float("nan")
+    assert decompose(matrix, torch.float32) is None
+    result = decompose(torch.diag(torch.tensor([3.0, 1.0, 2.0])), torch.float32)
+    assert result is not None
+    torch.testing.assert_close(result.d, torch.tensor([1.0, 2.0, 3.0]))
