@@ -35,12 +35,12 @@ from kfac_hpc.contracts.phases import KFAC_PHASES
 from kfac_hpc.optim.compute import SecondOrder, make_method
 from kfac_hpc.optim.factor_reduction import FactorReduction
 from kfac_hpc.optim.factors import LayerFactors
+from kfac_hpc.optim.finite import all_finite
 from kfac_hpc.optim.kfac_state import KFACStateMixin
 from kfac_hpc.optim.layer_state import LayerState
 from kfac_hpc.optim.layers import KFACApprox, KFACLayer, make_layer
 from kfac_hpc.optim.options import ComputeMethod, DampingMode, GradScalerLike, KFACOptions
 from kfac_hpc.optim.schedules import Hyperparameter
-from kfac_hpc.optim.second_order import all_finite
 from kfac_hpc.optim.second_order_update import SecondOrderUpdate
 
 __all__ = ["PHASES", "KFACPreconditioner"]

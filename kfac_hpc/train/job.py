@@ -38,6 +38,7 @@ from kfac_hpc.checkpoint import (
     restore_training_state,
 )
 from kfac_hpc.contracts import OPTIONS, PHASES, RunDir
+from kfac_hpc.optim.finite import all_finite
 from kfac_hpc.runtime import DistributedContext
 from kfac_hpc.train.config import ConfigError, TrainConfig
 from kfac_hpc.train.data import DataSource, ShardedBatches
@@ -245,8 +246,8 @@ class Job:
 
     def _check_finite_parameters(self, step: int) -> None:
         """Raise TrainingDiverged on every rank when any rank's parameters are non-finite."""
-        finite = torch.stack([p.detach().isfinite().all() for p in self.model.parameters()])
-        bad = (~finite).any().to(torch.float64).reshape(1).to(self.comm_device)
+        finite = all_finite(list(self.model.parameters()))
+        bad = torch.tensor([0.0 if finite else 1.0], dtype=torch.float64, device=self.comm_device)
         if self.world_size > 1:
             dist.all_reduce(bad)
         if bad.item() > 0:

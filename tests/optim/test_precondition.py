@@ -9,6 +9,8 @@ import torch
 from torch import nn
 
 from kfac_hpc import KFACPreconditioner
+from kfac_hpc.optim.compute import make_method
+from kfac_hpc.optim.options import ComputeMethod
 from tests.optim.helpers import dense_eigen_step, dense_inverse_step
 
 
@@ -116,3 +118,27 @@ def test_kl_clip_matches_hand_computation_and_leaves_unregistered_alone() -> Non
     bn_ref, bn = reference[3], model[3]
     assert "3" not in clipped.layers
     torch.testing.assert_close(bn.weight.grad, bn_ref.weight.grad, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", [ComputeMethod.EIGEN, ComputeMethod.INVERSE])
+def test_second_order_data_is_column_major_on_every_path(kind: ComputeMethod) -> None:
+    """Computed (no copy of what LAPACK returns), received (broadcast buffers), loaded and
+    identity data all hold one layout, so every rank's preconditioning GEMMs round alike."""
+    method = make_method(kind, torch.float64, True)
+    torch.manual_seed(0)
+    rows = torch.randn(3, 5, 7, dtype=torch.float64)
+    factors = rows @ rows.mT  # grouped: (3, 5, 5)
+    computed = method.compute(factors, factors, 1e-3, ["A"])["A"]
+    assert computed is not None
+    matrix = computed.tensors()[0]
+    cpu = torch.device("cpu")
+    for data in (
+        computed,
+        method.empty((3, 5, 5), cpu),
+        method.identity((3, 5, 5), cpu),
+        method.from_tensors([t.contiguous() for t in computed.tensors()]),
+    ):
+        held = data.tensors()[0]
+        assert held.mT.is_contiguous() and not held.is_contiguous(), held.stride()
+    loaded = method.from_tensors([t.contiguous() for t in computed.tensors()])
+    assert torch.equal(loaded.tensors()[0], matrix)
