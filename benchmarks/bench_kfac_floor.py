@@ -127,14 +127,16 @@ GEMM_OPS = {"aten::mm", "aten::bmm", "aten::addmm", "aten::addmm_", "aten::baddb
 
 def _executed_gemms(fn: Callable[[], object]) -> collections.Counter[tuple[int, int, int, int]]:
     """(batch, m, k, n) of every GEMM that ``fn`` runs, with its count, from the shapes the
-    profiler records: what is counted is what ran, whatever the factor code's strategy."""
+    profiler records: what is counted is what ran, whatever the factor code's strategy. A GEMM
+    recorded inside another (a baddbmm_ of batch 1 runs as an addmm_) is counted once."""
     with torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
     ) as prof:
         fn()
     gemms: collections.Counter[tuple[int, int, int, int]] = collections.Counter()
     for event in prof.events():
-        if event.name in GEMM_OPS:
+        nested = event.cpu_parent is not None and event.cpu_parent.name in GEMM_OPS
+        if event.name in GEMM_OPS and not nested:
             shapes = event.input_shapes[1:3] if "addmm" in event.name else event.input_shapes[:2]
             a, b = shapes
             gemms[(a[0] if len(a) == 3 else 1, a[-2], a[-1], b[-1])] += 1

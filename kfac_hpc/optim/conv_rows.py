@@ -65,6 +65,12 @@ class RowGeometry:
         """Elements of U per sample."""
         return self.padded_height * self.out_width * self.groups * self.row_width
 
+    def gemm_flops_per_sample(self) -> int:
+        """FLOPs of the GEMMs of :func:`row_shift_moments` per sample: each multiplies two
+        (groups, row_width, rows·samples·out_width) views."""
+        cells = sum(stop - first for _, _, first, stop in self.products()) * self.out_width
+        return 2 * self.groups * self.row_width**2 * cells
+
     def products(self) -> Iterator[tuple[int, int, int, int]]:
         """(lag, kernel row i, first, stop) of every GEMM: U rows [first, stop) times the rows
         ``lag`` further down. i = -1 marks the full product F of the lag in units of rows·dh;

@@ -95,6 +95,11 @@ class KFACLayer:
         """Σ g gᵀ over the rows, (groups, n_G, n_G), from the batched output gradient ``g``."""
         raise NotImplementedError
 
+    def factor_flops(self, sample_shape: tuple[int, ...]) -> int:
+        """FLOPs of the GEMMs that ``a_factor`` and ``g_factor`` run per sample whose module
+        input has shape ``sample_shape`` (no batch dimension): what a factor update costs."""
+        raise NotImplementedError
+
     def _sampled(self, t: Tensor) -> Tensor:
         """The first ⌈f·N⌉ samples of a batched tensor (a view: no copy)."""
         if self.sample_fraction >= 1.0:
@@ -181,6 +186,11 @@ class LinearLayer(KFACLayer):
         rows = g.flatten(1, -2).sum(1) if self._shared(g) else g.reshape(-1, g.shape[-1])
         return _gram(rows.mT.unsqueeze(0))
 
+    def factor_flops(self, sample_shape: tuple[int, ...]) -> int:
+        shared = self.approx is KFACApprox.REDUCE and len(sample_shape) > 1
+        rows = 1 if shared else math.prod(sample_shape[:-1])
+        return rows * (_gram_flops(sample_shape[-1]) + _gram_flops(self.n_g))
+
 
 class Conv2dLayer(KFACLayer):
     """``nn.Conv2d``: im2col patches as A's rows, every output location as a row of G. With
@@ -231,15 +241,33 @@ class Conv2dLayer(KFACLayer):
         with_sum = self.bias is not None
         if self.approx is KFACApprox.REDUCE:
             return _moments(x, self._patch_means, (self.groups, n_in, 1), with_sum)
-        pad = self._pad
-        if self.padding_mode != "constant" and any(pad):
-            x = F.pad(x, pad, mode=self.padding_mode)  # once; the taps then see no padding
-            pad = (0, 0, 0, 0)
-        if self.stride[0] == 1 and self.kernel[0] > 1:
+        x, pad = self._padded(x)
+        if self._row_shifted():
             return row_shift_moments(x, self._rows(x, pad), with_sum, _CPU_CHUNK_BYTES)
         p, q = self._out_size(x, pad)
         columns = functools.partial(self._patch_matrix, pad=pad)
         return _moments(x, columns, (self.groups, n_in, p * q), with_sum)
+
+    def factor_flops(self, sample_shape: tuple[int, ...]) -> int:
+        n_in = self.n_a - (1 if self.bias is not None else 0)
+        if self.approx is KFACApprox.REDUCE:  # one row per sample
+            return self.groups * (_gram_flops(n_in) + _gram_flops(self.n_g))
+        x, pad = self._padded(self.as_batch(torch.empty((1, *sample_shape), device="meta")))
+        p, q = self._out_size(x, pad)
+        g_flops = 2 * self.groups * self.n_g**2 * p * q  # one full Gram per sample
+        if self._row_shifted():
+            return self._rows(x, pad).gemm_flops_per_sample() + g_flops
+        return self.groups * _gram_flops(n_in, p * q) + g_flops
+
+    def _padded(self, x: Tensor) -> tuple[Tensor, tuple[int, int, int, int]]:
+        """x and the zero padding its taps see: other padding modes pad x once up front."""
+        if self.padding_mode != "constant" and any(self._pad):
+            return F.pad(x, self._pad, mode=self.padding_mode), (0, 0, 0, 0)
+        return x, self._pad
+
+    def _row_shifted(self) -> bool:
+        """Whether A comes from row-shifted products (unit height stride, kernel height > 1)."""
+        return self.stride[0] == 1 and self.kernel[0] > 1
 
     def _rows(self, x: Tensor, pad: tuple[int, int, int, int]) -> RowGeometry:
         """The row-shifted product's geometry for the input x (n, C, H, W)."""
@@ -345,6 +373,13 @@ def _block_edges(d: int) -> list[int]:
     (big enough for efficient GEMMs); one block below 128 columns."""
     blocks = 1 if d < 128 else min(6, -(-d // 64))
     return [d * i // blocks for i in range(blocks + 1)]
+
+
+def _gram_flops(d: int, columns: int = 1) -> int:
+    """FLOPs of :func:`_gram_into` on a (d × columns) matrix."""
+    return sum(
+        2 * end * (end - start) * columns for start, end in itertools.pairwise(_block_edges(d))
+    )
 
 
 def _gram_into(cov: Tensor, mat: Tensor, edges: list[int]) -> None:

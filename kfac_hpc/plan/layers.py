@@ -31,12 +31,15 @@ INPUTS: dict[str, tuple[tuple[int, int, int], int]] = {
 @dataclass(frozen=True)
 class LayerShape:
     """One K-FAC layer. ``n_a``/``n_g``: factor sizes (bias folded into A); ``rows``: rows of
-    the factor matrices per sample (output positions of a conv, 1 for a linear layer)."""
+    the factor matrices per sample (output positions of a conv, 1 for a linear layer);
+    ``factor_flops``: FLOPs of the GEMMs the factor code runs per sample (row-shifted products
+    and upper block triangles, not full products: ``KFACLayer.factor_flops``)."""
 
     name: str
     n_a: int
     n_g: int
     rows: int
+    factor_flops: int
     groups: int = 1
     has_bias: bool = True
 
@@ -45,11 +48,6 @@ class LayerShape:
         """Multiply-adds ×2 of the weight product per sample (bias excluded)."""
         n_in = self.n_a - 1 if self.has_bias else self.n_a
         return 2.0 * self.rows * n_in * self.n_g * self.groups
-
-    @property
-    def factor_flops(self) -> float:
-        """Σ a aᵀ and Σ g gᵀ per sample (full products, as computed)."""
-        return 2.0 * self.rows * (self.n_a**2 + self.n_g**2) * self.groups
 
     @property
     def factor_elements(self) -> int:
@@ -83,9 +81,18 @@ def model_shape(model: str, dataset: str) -> ModelShape:
         raise PlanInputError("dataset", f"{dataset!r} is not one of {', '.join(DATASETS)}")
     shape, classes = INPUTS[dataset]
     net = build_model(model, shape, classes)
-    layers, rows, activations = _probe(net, shape)
+    layers, rows, inputs, activations = _probe(net, shape)
     shapes = tuple(
-        LayerShape(k.name, k.n_a, k.n_g, rows[k.name], k.groups, k.bias is not None) for k in layers
+        LayerShape(
+            k.name,
+            k.n_a,
+            k.n_g,
+            rows[k.name],
+            k.factor_flops(inputs[k.name]),
+            k.groups,
+            k.bias is not None,
+        )
+        for k in layers
     )
     params = sum(p.numel() for p in net.parameters() if p.requires_grad)
     return ModelShape(model, dataset, shapes, params, activations)
@@ -93,10 +100,12 @@ def model_shape(model: str, dataset: str) -> ModelShape:
 
 def _probe(
     net: nn.Module, shape: tuple[int, int, int]
-) -> tuple[list[KFACLayer], dict[str, int], int]:
-    """One sample through ``net``: K-FAC layers, their output positions, activation elements."""
+) -> tuple[list[KFACLayer], dict[str, int], dict[str, tuple[int, ...]], int]:
+    """One sample through ``net``: K-FAC layers, their output positions and input shapes
+    (without the batch), activation elements."""
     layers: list[KFACLayer] = []
     rows: dict[str, int] = {}
+    inputs: dict[str, tuple[int, ...]] = {}
     activations = 0
     handles = []
 
@@ -110,9 +119,13 @@ def _probe(
             layers.append(layer)
 
             def hook(
-                mod: nn.Module, inputs: object, out: torch.Tensor, key: str = layer.name
+                mod: nn.Module,
+                args: tuple[torch.Tensor, ...],
+                out: torch.Tensor,
+                key: str = layer.name,
             ) -> None:
                 rows[key] = out[0, 0].numel() if out.dim() > 2 else 1
+                inputs[key] = tuple(args[0].shape[1:])
 
             handles.append(module.register_forward_hook(hook))
         if not list(module.children()):
@@ -122,4 +135,4 @@ def _probe(
         net(torch.zeros(1, *shape))
     for handle in handles:
         handle.remove()
-    return layers, rows, activations
+    return layers, rows, inputs, activations

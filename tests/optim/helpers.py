@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -113,3 +115,24 @@ def dense_inverse_step(
         lam_a = lam_g = damping
     eye_a, eye_g = torch.eye(a.shape[0], dtype=a.dtype), torch.eye(g.shape[0], dtype=g.dtype)
     return torch.linalg.inv(g + lam_g * eye_g) @ grad @ torch.linalg.inv(a + lam_a * eye_a)
+
+
+def profiled_gemm_flops(run: Callable[[], object]) -> int:
+    """2·b·m·k·n summed over the GEMMs torch.profiler records while ``run`` runs (a GEMM that
+    runs inside another, e.g. addmm_ inside a baddbmm_ of batch 1, is the same work)."""
+
+    def gemm(event: Any) -> str | None:
+        name = event.name.removeprefix("aten::").rstrip("_")
+        return name if name in ("mm", "bmm", "addmm", "baddbmm") else None
+
+    with torch.profiler.profile(record_shapes=True) as prof:
+        run()
+    total = 0
+    for event in prof.events():
+        name = gemm(event)
+        if name is None or (event.cpu_parent is not None and gemm(event.cpu_parent)):
+            continue
+        left, right = event.input_shapes[1:3] if name.startswith("add") else event.input_shapes[:2]
+        batch = left[0] if len(left) == 3 else 1
+        total += 2 * batch * left[-2] * left[-1] * right[-1]
+    return total

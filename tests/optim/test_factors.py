@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from kfac_hpc import KFACPreconditioner
-from kfac_hpc.optim.layers import make_layer
+from kfac_hpc.optim.layers import KFACApprox, make_layer
 from tests.conftest import require_module
-from tests.optim.helpers import dense_factors, output_grad
+from tests.optim.helpers import dense_factors, output_grad, profiled_gemm_flops
 
 CONVS = {
     "plain": dict(in_channels=3, out_channels=4, kernel_size=3),
@@ -168,3 +168,38 @@ def test_conv_factors_chunked_over_the_batch(name: str, monkeypatch: pytest.Monk
     torch.manual_seed(0)
     conv = nn.Conv2d(**CONVS[name]).double()
     _check_layer(conv, torch.randn(4, conv.in_channels, 7, 6, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("approx", list(KFACApprox))
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        *(nn.Conv2d(**kwargs) for kwargs in CONVS.values()),
+        nn.Conv2d(20, 8, 3, padding=1),  # the blocked triangle of a wider im2col matrix
+        nn.Conv1d(3, 4, 5, padding=2),
+        nn.Linear(150, 70),
+    ],
+    ids=[*CONVS, "wide", "conv1d", "linear"],
+)
+def test_factor_flops_are_the_flops_of_the_gemms_that_run(
+    module: nn.Module, chunked: bool, approx: KFACApprox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the cost model charges a factor update is what the factor code executes, counted
+    from the GEMM shapes the profiler records (batch 3, in cache chunks of one sample too)."""
+    import kfac_hpc.optim.layers as layers
+
+    if chunked:
+        monkeypatch.setattr(layers, "_CPU_CHUNK_BYTES", 1)
+    layer = make_layer("m", module, approx)
+    assert layer is not None
+    sample = (module.in_features,) if isinstance(module, nn.Linear) else (module.in_channels, 7, 6)
+    if isinstance(module, nn.Conv1d):
+        sample = (module.in_channels, 9)
+    x = torch.randn(3, *sample)
+    grad = torch.randn_like(module(x))
+    executed = profiled_gemm_flops(
+        lambda: (layer.a_factor(x, torch.float32), layer.g_factor(grad, 1.0, torch.float32))
+    )
+    assert executed > 0
+    assert 3 * layer.factor_flops(sample) == executed

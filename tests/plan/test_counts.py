@@ -15,6 +15,7 @@ from kfac_hpc.plan.layers import INPUTS, model_shape
 from kfac_hpc.plan.model import CostModel, PlanConfig
 from kfac_hpc.plan.profiles import MachineProfile, NetworkProfile
 from kfac_hpc.train.models import build_model
+from tests.optim.helpers import profiled_gemm_flops
 
 
 @pytest.mark.parametrize(
@@ -72,9 +73,7 @@ def test_rated_compute_divides_counted_work_by_the_rates() -> None:
     assert backward == pytest.approx(2 * forward)
     assert compute.eigh_s(100) == pytest.approx(9 * 100**3 / 1e8)
     layer = shape.layers[0]
-    assert compute.factor_s(layer, 8) == pytest.approx(
-        8 * 2 * layer.rows * (layer.n_a**2 + layer.n_g**2) / 1e9
-    )
+    assert compute.factor_s(layer, 8) == pytest.approx(8 * layer.factor_flops / 1e9)
 
 
 def test_strategies_differ_where_kaisa_says() -> None:
@@ -130,3 +129,24 @@ def test_kfac_memory_per_rank_follows_where_factors_live() -> None:
             continue
         assert (factors + second) / ranks <= kfac["kfac-mem-opt"] < kfac["kfac-hybrid-opt"]
         assert kfac["kfac-hybrid-opt"] < kfac["kfac-comm-opt"]
+
+
+def test_factor_flops_match_the_gemms_of_the_real_factor_code() -> None:
+    """Each layer's factor FLOPs (from the probe's input shapes) times the batch equal the GEMM
+    FLOPs the profiler records when the real layers compute A and G from captured tensors."""
+    shape = model_shape("resnet20", "cifar10")
+    in_shape, classes = INPUTS["cifar10"]
+    torch.manual_seed(0)
+    net = build_model("resnet20", in_shape, classes)
+    pre = KFACPreconditioner(net, update_factors_in_hook=False)
+    torch.nn.functional.cross_entropy(net(torch.randn(3, *in_shape)), torch.arange(3)).backward()
+    captured = {name: (s.inputs[0], s.grads[0]) for name, s in pre.states.items()}
+
+    def factor_pass() -> None:
+        for name, layer in pre.layers.items():
+            x, g = captured[name]
+            layer.a_factor(x, torch.float32)
+            layer.g_factor(g, 1.0, torch.float32)
+
+    assert [layer.name for layer in shape.layers] == list(pre.layers)
+    assert 3 * sum(layer.factor_flops for layer in shape.layers) == profiled_gemm_flops(factor_pass)
