@@ -362,7 +362,10 @@ class Conv1dLayer(Conv2dLayer):
 # On CPUs the batch is processed in chunks whose im2col or width-unfolded matrix is about this
 # large: one reused buffer per factor. Measured on ResNet-32 b64, 2 threads, the whole im2col
 # factor pass: 2 MiB 317 ms, 4 MiB 281, 16 MiB 265, 32 MiB 283. The buffer is K-FAC memory on
-# every rank, and under MEM-OPT the largest part left, so 4 MiB keeps the rank's peak low.
+# every rank, and under MEM-OPT the largest part left, so 4 MiB keeps the rank's peak low. With
+# the row-shifted A (im2col only for strided convolutions) the pass reads, medians of 3 × 5:
+# 1 MiB 153 ms, 2 MiB 145, 4 MiB 147, 8 MiB 151, 16 MiB 158; at 2 MiB the MEM-OPT/COMM-OPT
+# peak of bench_kfac_memory.py read 0.300 and 0.308 against 0.294 and 0.298 at 4 MiB.
 _CPU_CHUNK_BYTES = 4 << 20
 # On GPUs, the most memory a convolution's G may hold in per-sample products at once.
 _CUDA_CHUNK_BYTES = 64 << 20
