@@ -123,8 +123,8 @@ def row_shift_moments(
         flat = unfolded.flatten(3).flatten(1, 2)  # (groups, width, padded rows·step)
         flat_t = flat.mT
         for slot, shift, first, stop, opens in gemms:
-            left = flat[..., first * step : stop * step]
-            right = flat_t[:, (first + shift) * step : (stop + shift) * step]
+            left = flat.narrow(2, first * step, (stop - first) * step)
+            right = flat_t.narrow(1, (first + shift) * step, (stop - first) * step)
             if opens and index == 0:  # the first product of a sum overwrites it: no zero-fill
                 torch.bmm(left, right, out=outputs[slot])
             else:
