@@ -17,13 +17,15 @@ image, as the padding rows of U are zero. For a 3×3 'same' convolution that is 
 triangle of an im2col matrix 3 times larger: 0.6–0.75× the FLOPs and a third of the copies.
 
 The cells of U that read padding are never written by a copy, so they are zeroed once per
-call: the batch is split into equal chunks that all reuse one buffer and its zeros.
+call: the batch is split into chunks of one size (the last may be shorter, and is zeroed
+again) that all reuse one buffer and its zeros.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+import types
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -103,11 +105,12 @@ def row_shift_moments(
 ) -> tuple[Tensor, Tensor | None, int]:
     """Σ a aᵀ (groups, d, d), Σ a (groups, d) if ``with_sum`` and the patch count of the
     batch x (n, C, H, W), d = C/groups·kh·kw ordered like ``weight.view(out, -1)``. On CPUs
-    the batch is unfolded in equal chunks of at most ``chunk_bytes`` through one buffer."""
+    the batch is unfolded in chunks of at most ``chunk_bytes`` through one buffer."""
     g = geometry
     (kh, kw), dh = g.kernel, g.dilation[0]
     most = len(x) if x.is_cuda else max(1, chunk_bytes // (g.sample_elements() * x.element_size()))
-    chunk = -(-len(x) // -(-len(x) // most))  # equal chunks of at most ``most`` samples
+    chunks = max(1, -(-len(x) // most))
+    chunk = max(1, -(-len(x) // chunks))  # one size for all chunks but a shorter last one
     buffer = x.new_empty(chunk * g.sample_elements())
     slots, gemms = _product_plan(g)
     width = g.row_width
@@ -155,16 +158,16 @@ def row_shift_moments(
 @functools.lru_cache(maxsize=64)
 def _product_plan(
     g: RowGeometry,
-) -> tuple[dict[tuple[int, int], int], tuple[tuple[int, int, int, int, bool], ...]]:
-    """The sum slot of every (lag, kernel row) of ``g.products()`` (do not modify: cached)
-    and every GEMM as (slot, shift in padded rows, first, stop, whether it opens its slot)."""
+) -> tuple[Mapping[tuple[int, int], int], tuple[tuple[int, int, int, int, bool], ...]]:
+    """The sum slot of every (lag, kernel row) of ``g.products()`` (read-only: cached) and
+    every GEMM as (slot, shift in padded rows, first, stop, whether it opens its slot)."""
     slots: dict[tuple[int, int], int] = {}
     gemms = []
     for lag, i, first, stop in g.products():
         opens = (lag, i) not in slots
         slot = slots.setdefault((lag, i), len(slots))
         gemms.append((slot, lag * g.dilation[0], first, stop, opens))
-    return slots, tuple(gemms)
+    return types.MappingProxyType(slots), tuple(gemms)
 
 
 def _block(product: Tensor, g: RowGeometry) -> Tensor:

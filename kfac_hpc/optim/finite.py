@@ -19,7 +19,10 @@ def all_finite(tensors: Sequence[Tensor]) -> bool:
     if not tensors:
         return True
     sums = [t.detach().sum(dtype=torch.promote_types(t.dtype, torch.float32)) for t in tensors]
-    if bool(torch.isfinite(torch.stack(sums)).all()):
+    finite = torch.isfinite(torch.stack(sums))
+    if bool(finite.all()):
         return True
-    norms = [torch.linalg.vector_norm(t.detach(), float("inf")) for t in tensors]
-    return bool(torch.stack([torch.isfinite(norm) for norm in norms]).all())
+    suspects = [t for t, ok in zip(tensors, finite.tolist(), strict=True) if not ok]
+    return all(
+        bool(torch.isfinite(torch.linalg.vector_norm(t.detach(), float("inf")))) for t in suspects
+    )

@@ -87,15 +87,15 @@ def _attempts(matrix: Tensor, dtype: torch.dtype) -> Iterator[Tensor]:
 
 def decompose(matrix: Tensor, dtype: torch.dtype) -> EigenFactor | None:
     """Eigendecomposition in ``dtype`` down the fallback ladder; None when every try failed."""
+    if not all_finite([matrix]):
+        return None  # eigh of a non-finite matrix is undefined: it may even look fine
     for attempt in _attempts(matrix, dtype):
         try:
             d, q = torch.linalg.eigh(attempt)
-            if all_finite([d, q]):
-                return EigenFactor(q.to(dtype), d.clamp_min(0).to(dtype))
         except RuntimeError:
-            pass
-        if not all_finite([matrix]):
-            return None  # no attempt can succeed on a non-finite factor
+            continue
+        if all_finite([d, q]):
+            return EigenFactor(q.to(dtype), d.clamp_min(0).to(dtype))
     return None
 
 

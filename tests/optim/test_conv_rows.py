@@ -104,3 +104,12 @@ def test_conv_layers_use_row_shift_for_unit_height_stride(
     rows = patches.transpose(1, 2).reshape(-1, patches.shape[1])
     rows = torch.cat([rows, torch.ones(len(rows), 1, dtype=rows.dtype)], 1)  # bias column
     torch.testing.assert_close(a, rows.T @ rows / len(rows), rtol=1e-12, atol=1e-12)
+
+
+def test_an_empty_batch_counts_no_patches() -> None:
+    """No samples: no chunk, no division by zero; the count is 0 (A = Σ/0 is then non-finite,
+    and the preconditioner's finiteness check skips the update)."""
+    geometry = RowGeometry(*GEOMETRIES["same_3x3"])
+    x = torch.empty(0, geometry.channels, geometry.height, geometry.width, dtype=torch.float64)
+    cov, col, count = row_shift_moments(x, geometry, True, 1 << 20)
+    assert count == 0 and cov.shape == (1, 27, 27) and col is not None and col.shape == (1, 27)
