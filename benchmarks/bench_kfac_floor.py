@@ -380,7 +380,7 @@ def _print(r: dict[str, Any]) -> None:
     print(f"  kfac_pytorch: {r['kfac_pytorch']}")
     print(
         f"  factors: {r['factor_gflop_executed']:.1f} GFLOP executed in "
-        f"{r['factor_gemm_calls']} GEMMs ({r['factor_gflop_effective']:.1f} effective: "
+        f"{r['factor_gemm_calls']:.0f} GEMMs ({r['factor_gflop_effective']:.1f} effective: "
         f"2·M·n² per factor) in {r['factor_s'] * 1e3:.0f} ms: "
         f"{r['factor_executed_gflops']:.1f} GFLOP/s executed, "
         f"{r['factor_effective_gflops']:.1f} effective"
