@@ -108,7 +108,8 @@ def row_shift_moments(
     the batch is unfolded in chunks of at most ``chunk_bytes`` through one buffer."""
     g = geometry
     (kh, kw), dh = g.kernel, g.dilation[0]
-    most = len(x) if x.is_cuda else max(1, chunk_bytes // (g.sample_elements() * x.element_size()))
+    budget = chunk_bytes // (g.sample_elements() * x.element_size())
+    most = max(1, len(x) if x.is_cuda else budget)
     chunks = max(1, -(-len(x) // most))
     chunk = max(1, -(-len(x) // chunks))  # one size for all chunks but a shorter last one
     buffer = x.new_empty(chunk * g.sample_elements())

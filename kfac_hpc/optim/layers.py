@@ -359,7 +359,7 @@ class Conv1dLayer(Conv2dLayer):
         return (t.unsqueeze(0) if t.dim() == 2 else t).unsqueeze(2)
 
 
-# On CPUs the batch is processed in chunks whose im2col or width-unfolded matrix is about this
+# On CPUs the batch is processed in chunks whose im2col or width-unfolded matrix is at most this
 # large: one reused buffer per factor. Measured on ResNet-32 b64, 2 threads, the whole im2col
 # factor pass: 2 MiB 317 ms, 4 MiB 281, 16 MiB 265, 32 MiB 283. The buffer is K-FAC memory on
 # every rank, and under MEM-OPT the largest part left, so 4 MiB keeps the rank's peak low. With

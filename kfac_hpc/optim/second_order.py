@@ -40,7 +40,7 @@ _JITTERS = (1e-6, 1e-5, 1e-4)
 @dataclass
 class EigenFactor:
     """Eigenvectors Q (n, n) and eigenvalues d (n,), clamped at 0 (factors are PSD). Q keeps
-    the layout ``eigh`` returns (column-major on CPUs): broadcasts and checkpoints pack it."""
+    the column-major layout ``eigh`` returns (no copy; broadcasts and checkpoints pack it)."""
 
     Q: Tensor
     d: Tensor
