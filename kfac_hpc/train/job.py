@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -63,6 +63,16 @@ _RETRY = (
 
 class TrainingDiverged(ArithmeticError):
     """The loss or the parameters became non-finite: the run stops, that state unsaved."""
+
+
+class StepFlags(NamedTuple):
+    """The decisions every rank must share, as the floats that ride in the step's gradient
+    allreduce (summed over ranks): this order is the one definition of their slots."""
+
+    time_up: float  # the time limit is reached (on any rank)
+    checkpoint_due: float  # a checkpoint is due by rank 0's clock
+    diverged_at: float  # the step at which rank 0 saw the loss diverge (0: it did not)
+    preempted: float  # a preemption signal reached a rank
 
 
 def _stop_if_diverged(step: float) -> None:
@@ -191,15 +201,16 @@ class Job:
             for tensor in self.model.state_dict().values():
                 dist.broadcast(tensor, src=0)
 
-    def _local_flags(self, preemption: PreemptionHandler) -> list[float]:
-        """[time limit reached here, checkpoint due by rank 0's clock, the step at which rank 0
-        saw the loss diverge (0: it did not), a preemption signal received here]."""
+    def _local_flags(self, preemption: PreemptionHandler) -> StepFlags:
+        """This rank's terms of the flags summed over ranks in the step's gradient allreduce."""
         now = time.perf_counter()
         limit = self.config.time_limit_s
         time_up = limit is not None and self.wall_s() >= limit
         every = self.config.checkpoint_every_min
         due = self.rank == 0 and every is not None and now - self.last_ckpt_time >= every * 60
-        return [float(time_up), float(due), float(self.diverged_at), preemption.local_flag()]
+        return StepFlags(
+            float(time_up), float(due), float(self.diverged_at), preemption.local_flag()
+        )
 
     # ----------------------------------------------------------------- evaluation
     def evaluate(self, step: int) -> float:
@@ -271,14 +282,16 @@ class Job:
                 self.fault.check(self.rank, pos.step)
             self.timer.begin_step()
             lr = learning_rate(config, pos.step, self.steps_per_epoch, self.total_steps)
-            loss, flags = self.step(pos.step, lr, self._local_flags(preemption), self.timer)
+            local = list(self._local_flags(preemption))
+            loss, summed = self.step(pos.step, lr, local, self.timer)
+            flags = StepFlags(*summed)
             pos.step += 1
             recorder.add_loss(loss)
-            _stop_if_diverged(flags[2])
-            preempted = preemption.agreed(flags[3])
+            _stop_if_diverged(flags.diverged_at)
+            preempted = preemption.agreed(flags.preempted)
             self.timer.skip()  # the bookkeeping is neither optimizer nor checkpoint time
             every = config.checkpoint_every_steps
-            if preempted or flags[1] > 0 or (every and pos.step % every == 0):
+            if preempted or flags.checkpoint_due > 0 or (every and pos.step % every == 0):
                 self.save(pos.step)
                 self.timer.lap("checkpoint")
             self.timer.end_step()
@@ -288,7 +301,7 @@ class Job:
                 self._evaluate_at(pos.step, progress)
             if preempted:
                 return "preempted"
-            if flags[0] > 0:
+            if flags.time_up > 0:
                 return "time_limit"
             if self.reached_target and config.stop_at_target:
                 return "target"
