@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager
 
 from kfac_hpc.comm import AsyncBroadcaster, KAISAAssignment, KAISAGroups
 from kfac_hpc.optim.compute import SecondOrder, SecondOrderMethod
+from kfac_hpc.optim.host_threads import map_side_by_side
 from kfac_hpc.optim.layer_state import FACTORS, LayerState
 
 __all__ = ["SecondOrderUpdate"]
@@ -60,12 +61,13 @@ class SecondOrderUpdate:
 
     def _compute_own(self, damping: float) -> list[LayerState]:
         """Decompose the factors this rank is the inverse worker of; return the layers whose
-        second-order data exists (on the grad workers) after the broadcasts."""
+        second-order data exists (on the grad workers) after the broadcasts. On CPUs the
+        layers' decompositions run side by side (:mod:`host_threads`), largest first."""
         ready: list[LayerState] = []
+        work: list[tuple[LayerState, list[str]]] = []  # (layer, the factors this rank decomposes)
         for state in self.states.values():
             if not state.factors.present:
                 continue
-            a, g = state.factors.A, state.factors.G  # None where this rank keeps no factor
             ready.append(state)
             plan = self.assignment.plan(state.name)
             workers = (plan.a_worker, plan.g_worker)
@@ -78,7 +80,21 @@ class SecondOrderUpdate:
                 "an inverse worker is always a grad worker"
             )
             assert all(state.keeps(key, self.rank) for key in mine), "an inverse worker keeps"
-            for key, data in self.method.compute(a, g, damping, mine).items():
+            work.append((state, mine))
+        if not work:
+            return ready
+        work.sort(key=lambda item: -_decomposition_cost(*item))
+
+        def compute(item: tuple[LayerState, list[str]]) -> dict[str, SecondOrder | None]:
+            state, mine = item
+            return self.method.compute(state.factors.A, state.factors.G, damping, mine)
+
+        device = work[0][0].layer.weight.device
+        for (state, mine), computed in zip(
+            work, map_side_by_side(compute, work, device), strict=True
+        ):
+            for key in mine:
+                data = computed[key]
                 state.second_order[key] = data if data is not None else self._fallback(state, key)
         return ready
 
@@ -109,3 +125,13 @@ class SecondOrderUpdate:
                 for tensor in state.second_order[key].tensors():
                     broadcaster.broadcast(tensor, src, group)
         broadcaster.wait()
+
+
+def _decomposition_cost(state: LayerState, keys: list[str]) -> int:
+    """Σ groups·n³ over the factors ``keys`` of a layer: what its decompositions cost."""
+    cost = 0
+    for key in keys:
+        shape = state.layer.factor_shapes[FACTORS.index(key)]
+        groups = shape[0] if len(shape) == 3 else 1
+        cost += groups * shape[-1] ** 3
+    return cost

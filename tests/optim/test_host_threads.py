@@ -1,0 +1,137 @@
+"""Decompositions side by side on host threads: the same second-order data as one after the
+other, each item with one intra-op thread, the caller's thread count restored, fallbacks kept."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from kfac_hpc import KFACPreconditioner
+from kfac_hpc.optim import second_order_update
+from kfac_hpc.optim.host_threads import map_side_by_side
+from tests.optim.helpers import small_cnn
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def two_threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _seen(item: int) -> tuple[int, int, int]:
+    """(item, the running thread, its intra-op thread count), after a short sleep so that
+    both pool threads take an item."""
+    threading.Event().wait(0.05)
+    return item, threading.get_ident(), torch.get_num_threads()
+
+
+def test_items_run_on_two_threads_with_one_intra_op_thread_each(two_threads: None) -> None:
+    results = map_side_by_side(_seen, list(range(6)), CPU)
+    assert [item for item, _, _ in results] == list(range(6))  # in the items' order
+    assert len({ident for _, ident, _ in results}) == 2
+    assert threading.get_ident() not in {ident for _, ident, _ in results}
+    assert {threads for _, _, threads in results} == {1}
+    assert torch.get_num_threads() == 2
+
+
+def test_one_intra_op_thread_or_a_non_cpu_device_runs_in_the_callers_thread(
+    two_threads: None,
+) -> None:
+    for device in (torch.device("meta"), torch.device("cuda")):
+        results = map_side_by_side(_seen, [0, 1], device)
+        assert {ident for _, ident, _ in results} == {threading.get_ident()}
+    torch.set_num_threads(1)
+    results = map_side_by_side(_seen, [0, 1, 2], CPU)
+    assert {ident for _, ident, _ in results} == {threading.get_ident()}
+
+
+def test_an_error_propagates_and_the_thread_count_is_restored(two_threads: None) -> None:
+    def fails(item: int) -> int:
+        if item == 3:
+            raise ValueError("item 3")
+        return item
+
+    with pytest.raises(ValueError, match="item 3"):
+        map_side_by_side(fails, list(range(5)), CPU)
+    assert torch.get_num_threads() == 2
+
+
+def _preconditioned(method: str) -> list[torch.Tensor]:
+    """Preconditioned gradients of two float64 steps of the small CNN (factors and
+    decompositions every step)."""
+    torch.manual_seed(0)
+    model = small_cnn().double()
+    pre = KFACPreconditioner(model, compute_method=method)
+    grads = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        x, y = torch.randn(8, 1, 8, 8, dtype=torch.float64), torch.randint(0, 10, (8,))
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        pre.step()
+        grads += [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    return grads
+
+
+def _one_after_the_other(fn: Callable[[Any], Any], items: Sequence[Any], device: object) -> list:
+    """The plain loop, each item with one intra-op thread as in the pool."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return [fn(item) for item in items]
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("method", ["eigen", "inverse"])
+def test_side_by_side_decompositions_give_the_sequential_result_bit_for_bit(
+    method: str, two_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = "eigh" if method == "eigen" else "inv"
+    real, threads = getattr(torch.linalg, name), set()
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        threads.add(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, name, recorded)
+    side_by_side = _preconditioned(method)
+    assert len(threads) == 2 and threading.get_ident() not in threads  # the pool ran them
+    monkeypatch.setattr(second_order_update, "map_side_by_side", _one_after_the_other)
+    sequential = _preconditioned(method)
+    assert len(side_by_side) == len(sequential) > 0
+    for a, b in zip(side_by_side, sequential, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_failing_decompositions_side_by_side_warn_once_per_layer_from_the_caller(
+    two_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = small_cnn()
+    pre = KFACPreconditioner(model)
+    x, y = torch.randn(6, 1, 8, 8), torch.randint(0, 10, (6,))
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("linalg.eigh: The algorithm failed to converge")
+
+    monkeypatch.setattr(torch.linalg, "eigh", broken)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            model.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            pre.step()
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == len(pre.layers), messages
+    assert all("using the identity" in m for m in messages)
+    assert torch.get_num_threads() == 2
