@@ -135,3 +135,22 @@ def test_failing_decompositions_side_by_side_warn_once_per_layer_from_the_caller
     assert len(messages) == len(pre.layers), messages
     assert all("using the identity" in m for m in messages)
     assert torch.get_num_threads() == 2
+
+
+def test_factors_wider_than_the_limit_run_in_the_callers_thread(
+    two_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real, seen = torch.linalg.eigh, []
+
+    def recorded(matrix: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        seen.append((matrix.shape[-1], threading.get_ident()))
+        return real(matrix, *args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "eigh", recorded)
+    monkeypatch.setattr(second_order_update, "SIDE_BY_SIDE_MAX_N", 20)
+    _preconditioned("eigen")
+    caller = threading.get_ident()
+    wide = {ident for n, ident in seen if n > 20}
+    narrow = {ident for n, ident in seen if n <= 20}
+    assert wide == {caller}
+    assert narrow and caller not in narrow
