@@ -1,10 +1,9 @@
 """Independent CPU work items run side by side, one intra-op thread each.
 
-LAPACK's ``eigh`` and ``inv`` scale poorly over threads at K-FAC's factor sizes (n ≲ 600):
-much of the tridiagonal reduction is memory-bound level-2 BLAS. Two single-threaded
-decompositions at a time on two cores finish well before the same work run one after the other
-on two threads each: ResNet-32's 68 factors take 97 ms against 146 ms on this project's 2-core
-test machine, and its step with factors and inverses every step drops from 491 to 449 ms.
+LAPACK's ``eigh`` and ``inv`` scale poorly over threads at K-FAC's factor sizes: much of the
+tridiagonal reduction is memory-bound level-2 BLAS. Two single-threaded decompositions side by
+side on two cores finish well before the same work run one after the other on two threads
+each: ResNet-32's 68 factors take 87 ms against 123 ms on a 2-core machine (docs/kfac.md).
 
 The pool has as many threads as the caller's intra-op thread count; each runs its items with
 one intra-op thread, and the caller's own count is set to one while it waits (MKL may read a
