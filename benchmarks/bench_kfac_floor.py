@@ -63,6 +63,7 @@ from kfac_hpc.optim.host_threads import map_side_by_side
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_kfac_floor.json"
 RECORD = RESULTS.with_suffix(".rounds.json")
+SCHEMA = 3  # 3: the parts time the decompositions both one after the other and side by side
 SPARSE = {"factor_update_steps": 10, "inv_update_steps": 100}
 EVERY = {"factor_update_steps": 1, "inv_update_steps": 1}
 TARGETS = {
@@ -265,8 +266,13 @@ def _fail(message: str) -> NoReturn:
 def _recorded(settings: dict[str, int], fresh: bool) -> dict[str, Any]:
     """The accumulated invocations (a new record with ``fresh`` or when there is none)."""
     if fresh or not RECORD.exists():
-        return {"schema": 2, "settings": settings, "rounds": [], "parts": []}
+        return {"schema": SCHEMA, "settings": settings, "rounds": [], "parts": []}
     record: dict[str, Any] = json.loads(RECORD.read_text())
+    if record.get("schema") != SCHEMA:
+        _fail(
+            f"{RECORD.name} was recorded by an older version of this benchmark (schema "
+            f"{record.get('schema')}, not {SCHEMA}); pass --fresh to start a new record"
+        )
     for key, value in settings.items():
         if record["settings"].get(key) != value:
             _fail(
@@ -337,7 +343,7 @@ def summarise(record: dict[str, Any]) -> dict[str, Any]:
         for fls in (floors, sequential)
     )
     return {
-        "schema": 2,
+        "schema": SCHEMA,
         "benchmark": "kfac_floor",
         "model": "resnet32",
         "batch": BATCH,
