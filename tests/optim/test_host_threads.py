@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import pytest
@@ -28,15 +29,19 @@ def two_threads() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-def _seen(item: int) -> tuple[int, int, int]:
-    """(item, the running thread, its intra-op thread count), after a short sleep so that
-    both pool threads take an item."""
-    threading.Event().wait(0.05)
+def _seen(item: int, together: threading.Barrier | None = None) -> tuple[int, int, int]:
+    """(item, the running thread, its intra-op thread count); items 0 and 1 first wait for
+    each other at ``together``, which only two threads running at once can pass."""
+    if together is not None and item < 2:
+        together.wait()
     return item, threading.get_ident(), torch.get_num_threads()
 
 
-def test_items_run_on_two_threads_with_one_intra_op_thread_each(two_threads: None) -> None:
-    results = map_side_by_side(_seen, list(range(6)), CPU)
+def test_items_run_on_two_threads_at_once_with_one_intra_op_thread_each(
+    two_threads: None,
+) -> None:
+    together = threading.Barrier(2, timeout=30)
+    results = map_side_by_side(partial(_seen, together=together), list(range(6)), CPU)
     assert [item for item, _, _ in results] == list(range(6))  # in the items' order
     assert len({ident for _, ident, _ in results}) == 2
     assert threading.get_ident() not in {ident for _, ident, _ in results}
@@ -106,7 +111,7 @@ def test_side_by_side_decompositions_give_the_sequential_result_bit_for_bit(
 
     monkeypatch.setattr(torch.linalg, name, recorded)
     side_by_side = _preconditioned(method)
-    assert len(threads) == 2 and threading.get_ident() not in threads  # the pool ran them
+    assert threads and threading.get_ident() not in threads  # the pool's threads ran them
     monkeypatch.setattr(second_order_update, "map_side_by_side", _one_after_the_other)
     sequential = _preconditioned(method)
     assert len(side_by_side) == len(sequential) > 0
