@@ -20,10 +20,8 @@ __all__ = ["SecondOrderUpdate"]
 
 Timed = Callable[[str], AbstractContextManager[None]]
 
-# Factors up to this width are decomposed side by side on CPUs, one intra-op thread each.
-# eigh on 2 threads against 1 here: n = 144 1.12x as fast, 576 1.41x, 1024 1.68x, 1536 1.82x,
-# 2304 1.90x; two single-thread decompositions side by side are 2x as fast as one, so the
-# narrow factors gain and the widest (ResNet-50's 4608) keep every thread.
+# Factors up to this width are decomposed side by side on CPUs, one intra-op thread each;
+# wider ones (ResNet-50's 4608) gain more from every thread (docs/kfac.md, "Performance notes").
 SIDE_BY_SIDE_MAX_N = 1024
 
 
@@ -100,6 +98,8 @@ class SecondOrderUpdate:
 
         def compute(item: tuple[LayerState, str]) -> SecondOrder | None:
             state, key = item
+            # one factor at a time: the inverse method's π-damping of a layer whose two
+            # factors are both this rank's is computed twice (two traces: negligible)
             return self.method.compute(state.factors.A, state.factors.G, damping, [key])[key]
 
         if not work:
@@ -107,7 +107,7 @@ class SecondOrderUpdate:
         order = sorted(range(len(work)), key=lambda i: -_cost(*work[i]))
         wide = [i for i in order if _width(*work[i]) > SIDE_BY_SIDE_MAX_N]
         narrow = [i for i in order if _width(*work[i]) <= SIDE_BY_SIDE_MAX_N]
-        device = work[0][0].layer.weight.device
+        device = work[0][0].layer.weight.device  # where its factors are
         results = dict(zip(wide, (compute(work[i]) for i in wide), strict=True))
         side_by_side = map_side_by_side(compute, [work[i] for i in narrow], device)
         results.update(zip(narrow, side_by_side, strict=True))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -88,20 +88,30 @@ def _preconditioned(method: str) -> list[torch.Tensor]:
     return grads
 
 
-def _one_after_the_other(fn: Callable[[Any], Any], items: Sequence[Any], device: object) -> list:
-    """The plain loop, each item with one intra-op thread as in the pool."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _in_layer_order(
+    self: second_order_update.SecondOrderUpdate, work: list[Any], damping: float
+) -> list[Any]:
+    """Reference: every (layer, factor) in layer order in the caller's thread, with one
+    intra-op thread for a factor up to the limit (as in the pool), every thread above it."""
+    threads, results = torch.get_num_threads(), []
+    limit = second_order_update.SIDE_BY_SIDE_MAX_N
     try:
-        return [fn(item) for item in items]
+        for state, key in work:
+            width = state.layer.factor_shapes["AG".index(key)][-1]
+            torch.set_num_threads(1 if width <= limit else threads)
+            a, g = state.factors.A, state.factors.G
+            results.append(self.method.compute(a, g, damping, [key])[key])
     finally:
-        torch.set_num_threads(before)
+        torch.set_num_threads(threads)
+    return results
 
 
+@pytest.mark.parametrize("limit", [1024, 20])  # 20: small_cnn's factors both wider and not
 @pytest.mark.parametrize("method", ["eigen", "inverse"])
-def test_side_by_side_decompositions_give_the_sequential_result_bit_for_bit(
-    method: str, two_threads: None, monkeypatch: pytest.MonkeyPatch
+def test_side_by_side_decompositions_give_the_layer_order_result_bit_for_bit(
+    method: str, limit: int, two_threads: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(second_order_update, "SIDE_BY_SIDE_MAX_N", limit)
     name = "eigh" if method == "eigen" else "inv"
     real, threads = getattr(torch.linalg, name), set()
 
@@ -111,11 +121,11 @@ def test_side_by_side_decompositions_give_the_sequential_result_bit_for_bit(
 
     monkeypatch.setattr(torch.linalg, name, recorded)
     side_by_side = _preconditioned(method)
-    assert threads and threading.get_ident() not in threads  # the pool's threads ran them
-    monkeypatch.setattr(second_order_update, "map_side_by_side", _one_after_the_other)
-    sequential = _preconditioned(method)
-    assert len(side_by_side) == len(sequential) > 0
-    for a, b in zip(side_by_side, sequential, strict=True):
+    assert threads - {threading.get_ident()}  # the pool's threads ran some
+    monkeypatch.setattr(second_order_update.SecondOrderUpdate, "_decompose", _in_layer_order)
+    reference = _preconditioned(method)
+    assert len(side_by_side) == len(reference) > 0
+    for a, b in zip(side_by_side, reference, strict=True):
         assert torch.equal(a, b)
 
 
@@ -130,6 +140,14 @@ def test_failing_decompositions_side_by_side_warn_once_per_layer_from_the_caller
         raise RuntimeError("linalg.eigh: The algorithm failed to converge")
 
     monkeypatch.setattr(torch.linalg, "eigh", broken)
+    real_warn, warned_from = warnings.warn, set()
+
+    def warn(*args: Any, **kwargs: Any) -> None:
+        warned_from.add(threading.get_ident())
+        kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1
+        real_warn(*args, **kwargs)
+
+    monkeypatch.setattr(second_order_update.warnings, "warn", warn)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):
@@ -139,6 +157,7 @@ def test_failing_decompositions_side_by_side_warn_once_per_layer_from_the_caller
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert len(messages) == len(pre.layers), messages
     assert all("using the identity" in m for m in messages)
+    assert warned_from == {threading.get_ident()}
     assert torch.get_num_threads() == 2
 
 
