@@ -178,3 +178,14 @@ def test_factors_wider_than_the_limit_run_in_the_callers_thread(
     narrow = {ident for n, ident in seen if n <= 20}
     assert wide == {caller}
     assert narrow and caller not in narrow
+
+
+def test_calls_after_the_pool_exists_leave_the_thread_settings_alone(
+    two_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    map_side_by_side(_seen, [0, 1], CPU)  # the pool exists from here on
+    calls: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)  # each call clears caches
+    results = map_side_by_side(_seen, list(range(4)), CPU)
+    assert calls == []
+    assert {threads for _, _, threads in results} == {1}
