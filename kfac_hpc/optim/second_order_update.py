@@ -7,6 +7,7 @@ are ready are the same on every rank, so all take the same collective decisions 
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -104,9 +105,13 @@ class SecondOrderUpdate:
 
         if not work:
             return []
-        order = sorted(range(len(work)), key=lambda i: -_cost(*work[i]))
-        wide = [i for i in order if _width(*work[i]) > SIDE_BY_SIDE_MAX_N]
-        narrow = [i for i in order if _width(*work[i]) <= SIDE_BY_SIDE_MAX_N]
+        shapes = [_shape(*item) for item in work]  # (n, n) or (groups, n, n)
+        # largest first, by groups·n³: what a decomposition costs
+        order = sorted(
+            range(len(work)), key=lambda i: -math.prod(shapes[i][:-1]) * shapes[i][-1] ** 2
+        )
+        wide = [i for i in order if shapes[i][-1] > SIDE_BY_SIDE_MAX_N]
+        narrow = [i for i in order if shapes[i][-1] <= SIDE_BY_SIDE_MAX_N]
         device = work[0][0].layer.weight.device  # where its factors are
         results = dict(zip(wide, (compute(work[i]) for i in wide), strict=True))
         side_by_side = map_side_by_side(compute, [work[i] for i in narrow], device)
@@ -127,7 +132,7 @@ class SecondOrderUpdate:
             )
         if previous is not None:
             return previous
-        shape = state.layer.factor_shapes[FACTORS.index(key)]
+        shape = _shape(state, key)
         return self.method.identity(shape, state.layer.weight.device)
 
     def _broadcast(self, ready: list[LayerState]) -> None:
@@ -135,19 +140,13 @@ class SecondOrderUpdate:
         for state in ready:
             for key, src, group in self.groups.second_order_broadcasts(state.name):
                 if src != self.rank:
-                    shape = state.layer.factor_shapes[FACTORS.index(key)]
+                    shape = _shape(state, key)
                     state.second_order[key] = self.method.empty(shape, state.layer.weight.device)
                 for tensor in state.second_order[key].tensors():
                     broadcaster.broadcast(tensor, src, group)
         broadcaster.wait()
 
 
-def _width(state: LayerState, key: str) -> int:
-    """n of a layer's n × n factor ``key`` (per group)."""
-    return state.layer.factor_shapes[FACTORS.index(key)][-1]
-
-
-def _cost(state: LayerState, key: str) -> int:
-    """groups·n³: what decomposing a layer's factor ``key`` costs."""
-    shape = state.layer.factor_shapes[FACTORS.index(key)]
-    return (shape[0] if len(shape) == 3 else 1) * shape[-1] ** 3
+def _shape(state: LayerState, key: str) -> tuple[int, ...]:
+    """The shape of a layer's factor ``key`` ("A" or "G")."""
+    return state.layer.factor_shapes[FACTORS.index(key)]
