@@ -459,6 +459,14 @@ RUN_OPTIONS: tuple[Option, ...] = (
         operational=True,
     ),
     _o(
+        "keep_freed_memory",
+        "bool",
+        True,
+        "keep freed host memory for reuse instead of giving it back to the OS (glibc malloc: "
+        "no page faults on every large allocation; left alone under MALLOC_* or LD_PRELOAD)",
+        operational=True,
+    ),
+    _o(
         "resume_from",
         "str",
         None,

@@ -4,6 +4,7 @@ The job and the optimizer ask this package who they are (`discover_launch`) and 
 ready process group from `init_distributed`.
 """
 
+from kfac_hpc.runtime.host_memory import keep_freed_host_memory
 from kfac_hpc.runtime.launch import LaunchError, LaunchInfo, discover_launch
 from kfac_hpc.runtime.process_group import DistributedContext, init_distributed, shutdown
 
@@ -13,5 +14,6 @@ __all__ = [
     "LaunchInfo",
     "discover_launch",
     "init_distributed",
+    "keep_freed_host_memory",
     "shutdown",
 ]

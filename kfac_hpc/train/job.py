@@ -108,9 +108,15 @@ class Job:
     """One attempt of one training run on this rank (built by ``run.run_training``)."""
 
     def __init__(
-        self, config: TrainConfig, ctx: DistributedContext, run_dir: RunDir, data: DataSource
+        self,
+        config: TrainConfig,
+        ctx: DistributedContext,
+        run_dir: RunDir,
+        data: DataSource,
+        host_memory: str = "default",
     ) -> None:
         self.config = config
+        self.host_memory = host_memory  # what keep_freed_host_memory() left this process in
         self.ctx = ctx
         self.run_dir = run_dir
         self.rank, self.world_size = ctx.rank, ctx.world_size
@@ -346,4 +352,5 @@ class Job:
         """What ``run.json`` reports that only the live job knows."""
         method = {"method": self.method.name, **self.method.run_facts()}
         epochs = step // self.steps_per_epoch
-        return run_facts(self.config, self.ctx, self.run_dir, method, step, epochs, step_times)
+        facts = run_facts(self.config, self.ctx, self.run_dir, method, step, epochs, step_times)
+        return {**facts, "host_memory": self.host_memory}

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from kfac_hpc.contracts import SCHEMA_VERSION, ExitCode, RunDir, write_json_atomic
-from kfac_hpc.runtime import DistributedContext, init_distributed, shutdown
+from kfac_hpc.runtime import DistributedContext, init_distributed, keep_freed_host_memory, shutdown
 from kfac_hpc.train.config import ConfigError, TrainConfig, check_run_dir
 from kfac_hpc.train.data import DataSource, load_data
 from kfac_hpc.train.job import Job, Position, TrainingDiverged
@@ -85,6 +85,7 @@ def run_training(config: TrainConfig, root: str | Path) -> int:
 
     Raises ConfigError (before anything is written) for bad input.
     """
+    host_memory = keep_freed_host_memory() if config.keep_freed_memory else "default"
     backend = None if config.backend == "auto" else config.backend
     ctx = init_distributed(backend, config.collective_timeout_s)
     run_dir = RunDir(root)
@@ -104,7 +105,7 @@ def run_training(config: TrainConfig, root: str | Path) -> int:
     try:
         # Catch preemption signals from the start: a signal during set-up stops at step one.
         with PreemptionHandler() as preemption:
-            job = Job(config, ctx, run_dir, data)
+            job = Job(config, ctx, run_dir, data, host_memory)
             pos = job.resume()  # a user's checkpoint that cannot be used: ConfigError
             _prepare_run_dir(config, run_dir, ctx)
             written = True

@@ -1,0 +1,56 @@
+"""Keep freed host memory in the process for reuse (glibc malloc).
+
+By default glibc gives a large freed block back to the kernel (its own mapping, or a trim of
+the heap's top), so the next large allocation faults fresh zeroed pages in, one by one. A
+training step allocates and frees the same large tensors every step; on ResNet-32 (2 CPU
+threads) that was 5,000–24,000 page faults a step, 30 ms of system time. Raising glibc's
+mapping threshold to its largest value and never trimming makes freed blocks stay in the
+heap for the next step (the peak resident set, which a step reaches anyway, is unchanged).
+Other allocators (jemalloc, tcmalloc, mimalloc through ``LD_PRELOAD``) and a user's own
+``MALLOC_*``/``GLIBC_TUNABLES`` settings are left alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+from collections.abc import Mapping
+
+__all__ = ["HOST_MEMORY_STATES", "MMAP_THRESHOLD_BYTES", "keep_freed_host_memory"]
+
+# mallopt parameters (glibc's malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+# glibc's largest mapping threshold on 64-bit systems: bigger blocks still get their own mapping.
+MMAP_THRESHOLD_BYTES = 32 << 20
+_NEVER_TRIM = 2**31 - 1  # mallopt takes an int: the largest
+_ENVIRONMENT = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
+
+# What a run did, as run.json reports it: kept (this module set glibc up), default (not asked),
+# environment (the user's MALLOC_* / GLIBC_TUNABLES or preloaded allocator in charge),
+# unsupported (not glibc, or mallopt refused).
+HOST_MEMORY_STATES = ("kept", "default", "environment", "unsupported")
+
+
+def keep_freed_host_memory(environ: Mapping[str, str] = os.environ) -> str:
+    """Make glibc keep freed memory for reuse (see the module docstring) unless ``environ``
+    (this process's environment) configures the allocator; returns the state this process is
+    in, one of ``HOST_MEMORY_STATES`` but ``default``. Process-wide and for the rest of the
+    process: call it once, early."""
+    preload = environ.get("LD_PRELOAD", "")
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if any(name in environ for name in _ENVIRONMENT) or "glibc.malloc." in tunables:
+        return "environment"
+    if any(allocator in preload for allocator in _ALLOCATORS):
+        return "environment"
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return "unsupported"
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is None:
+        return "unsupported"
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    mapped = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    trimmed = mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM)
+    return "kept" if mapped == 1 and trimmed == 1 else "unsupported"
