@@ -3,9 +3,9 @@
 By default glibc gives a large freed block back to the kernel (its own mapping, or a trim of
 the heap's top), so the next large allocation faults fresh zeroed pages in, one by one. A
 training step allocates and frees the same large tensors every step; on ResNet-32 (2 CPU
-threads) that was 16,000–23,000 page faults a step. Raising glibc's
-mapping threshold to its largest value and never trimming makes freed blocks stay in the
-heap for the next step (the peak resident set, which a step reaches anyway, is unchanged).
+threads) that was 16,000–23,000 page faults a step. Raising glibc's mapping threshold to its
+largest value and never trimming makes freed blocks stay in the heap for the next step (the
+peak resident set, which a step reaches anyway, is unchanged).
 Other allocators (jemalloc, tcmalloc, mimalloc through ``LD_PRELOAD``) and a user's own
 ``MALLOC_*``/``GLIBC_TUNABLES`` settings are left alone.
 """
