@@ -78,6 +78,7 @@ RUN_COLUMNS: tuple[str, ...] = (
     *(f"phase_{p}_s" for p in schema.PHASES),
     "peak_rss_bytes",
     "peak_cuda_bytes",
+    "host_memory",
 )
 PHASE_COLUMNS: tuple[str, ...] = (
     "schema",
@@ -349,6 +350,7 @@ def run_row(
         **{f"phase_{p}_s": phases.get(p) for p in schema.PHASES},
         "peak_rss_bytes": run.summary.get("peak_rss_bytes"),
         "peak_cuda_bytes": run.summary.get("peak_cuda_bytes"),
+        "host_memory": run.summary.get("host_memory"),
     }
     return row
 

@@ -74,6 +74,7 @@ def test_real_runs_collected_and_reported(tmp_path, chromium):
         assert row["wall_s"] == run.summary["wall_s"]
         assert row["step_to_target"] == run.summary["step_to_target"]
         assert row["time_to_target_s"] == pytest.approx(run.summary["time_to_target_s"])
+        assert row["host_memory"] == run.summary["host_memory"] == "kept"
         phases = [p for p in tables.phases if p["run_id"] == run.run_id]
         assert sum(p["share_fraction"] for p in phases) == pytest.approx(1.0)
         segments = [s for s in tables.segments if s["run_id"] == run.run_id]
