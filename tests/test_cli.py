@@ -37,6 +37,16 @@ def test_doctor_healthy(tmp_path: Path) -> None:
     for piece in ("torch", "gloo", "mpi", "launch", "h5py", "parsl"):
         assert f"[ok  ] {piece}" in result.stdout
     assert "MPICH" in result.stdout
+    assert "malloc  glibc: kfac-hpc train keeps freed memory" in result.stdout
+
+
+def test_doctor_says_the_job_leaves_a_users_allocator_settings(tmp_path: Path) -> None:
+    env = clean_env({"MALLOC_TRIM_THRESHOLD_": "131072"})
+    result = subprocess.run(
+        [KFAC_HPC, "doctor"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "malloc  set by MALLOC_*" in result.stdout and "leaves it" in result.stdout
 
 
 def test_doctor_names_a_missing_mpi_library(tmp_path: Path) -> None:

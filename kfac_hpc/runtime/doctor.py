@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import click
 
 from kfac_hpc import __version__
+from kfac_hpc.runtime.host_memory import allocator_owner
 
 __all__ = ["Check", "doctor", "run_checks"]
 
@@ -56,6 +57,16 @@ def _torch() -> list[Check]:
         ),
     ]
     return checks
+
+
+def _host_memory() -> list[Check]:
+    owner = allocator_owner()
+    detail = {
+        None: "glibc: kfac-hpc train keeps freed memory for reuse (--no-keep-freed-memory: not)",
+        "environment": "set by MALLOC_*, GLIBC_TUNABLES or LD_PRELOAD: kfac-hpc train leaves it",
+        "unsupported": "not glibc: kfac-hpc train leaves the allocator as it is",
+    }[owner]
+    return [Check("malloc", True, detail, required=False)]
 
 
 def _one_line(exc: BaseException) -> str:
@@ -182,6 +193,7 @@ CHECKS: tuple[Callable[[], list[Check]], ...] = (
     _mpi,
     _launch,
     _slurm,
+    _host_memory,
     _package("h5py", "pip install h5py"),
     _package("parsl", "pip install parsl"),
 )

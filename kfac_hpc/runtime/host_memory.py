@@ -17,7 +17,12 @@ import os
 import platform
 from collections.abc import Mapping
 
-__all__ = ["HOST_MEMORY_STATES", "MMAP_THRESHOLD_BYTES", "keep_freed_host_memory"]
+__all__ = [
+    "HOST_MEMORY_STATES",
+    "MMAP_THRESHOLD_BYTES",
+    "allocator_owner",
+    "keep_freed_host_memory",
+]
 
 # mallopt parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -34,11 +39,10 @@ _ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 HOST_MEMORY_STATES = ("kept", "default", "environment", "unsupported")
 
 
-def keep_freed_host_memory(environ: Mapping[str, str] = os.environ) -> str:
-    """Make glibc keep freed memory for reuse (see the module docstring) unless ``environ``
-    (this process's environment) configures the allocator; returns the state this process is
-    in, one of ``HOST_MEMORY_STATES`` but ``default``. Process-wide and for the rest of the
-    process: call it once, early."""
+def allocator_owner(environ: Mapping[str, str] = os.environ) -> str | None:
+    """Why this process's allocator is not for :func:`keep_freed_host_memory` to set up
+    (``environment`` or ``unsupported``), or None when it is glibc's, unconfigured. Changes
+    nothing."""
     preload = environ.get("LD_PRELOAD", "")
     tunables = environ.get("GLIBC_TUNABLES", "")
     if any(name in environ for name in _ENVIRONMENT) or "glibc.malloc." in tunables:
@@ -47,6 +51,17 @@ def keep_freed_host_memory(environ: Mapping[str, str] = os.environ) -> str:
         return "environment"
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return "unsupported"
+    return None
+
+
+def keep_freed_host_memory(environ: Mapping[str, str] = os.environ) -> str:
+    """Make glibc keep freed memory for reuse (see the module docstring) unless ``environ``
+    (this process's environment) configures the allocator; returns the state this process is
+    in, one of ``HOST_MEMORY_STATES`` but ``default``. Process-wide and for the rest of the
+    process: call it once, early."""
+    owner = allocator_owner(environ)
+    if owner is not None:
+        return owner
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is None:
         return "unsupported"
