@@ -95,6 +95,7 @@ RUN_FIELDS: dict[str, Any] = {
     "rank_phases_s": dict,
     "peak_rss_bytes": int,
     "peak_cuda_bytes": (int, _NONE),
+    "host_memory": str,
     "versions": dict,
 }
 

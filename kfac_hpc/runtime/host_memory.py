@@ -17,26 +17,16 @@ import os
 import platform
 from collections.abc import Mapping
 
-__all__ = [
-    "HOST_MEMORY_STATES",
-    "MMAP_THRESHOLD_BYTES",
-    "allocator_owner",
-    "keep_freed_host_memory",
-]
+__all__ = ["allocator_owner", "keep_freed_host_memory"]
 
 # mallopt parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 # glibc's largest mapping threshold on 64-bit systems: bigger blocks still get their own mapping.
-MMAP_THRESHOLD_BYTES = 32 << 20
+_MMAP_THRESHOLD_BYTES = 32 << 20
 _NEVER_TRIM = 2**31 - 1  # mallopt takes an int: the largest
 _ENVIRONMENT = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 _ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
-
-# What a run did, as run.json reports it: kept (this module set glibc up), default (not asked),
-# environment (the user's MALLOC_* / GLIBC_TUNABLES or preloaded allocator in charge),
-# unsupported (not glibc, or mallopt refused).
-HOST_MEMORY_STATES = ("kept", "default", "environment", "unsupported")
 
 
 def allocator_owner(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -56,9 +46,11 @@ def allocator_owner(environ: Mapping[str, str] = os.environ) -> str | None:
 
 def keep_freed_host_memory(environ: Mapping[str, str] = os.environ) -> str:
     """Make glibc keep freed memory for reuse (see the module docstring) unless ``environ``
-    (this process's environment) configures the allocator; returns the state this process is
-    in, one of ``HOST_MEMORY_STATES`` but ``default``. Process-wide and for the rest of the
-    process: call it once, early."""
+    (this process's environment) configures the allocator. Returns the state this process is
+    in, as run.json's ``host_memory`` reports it: ``kept`` (set up here), ``environment`` (the
+    user's ``MALLOC_*``, ``glibc.malloc`` tunables or preloaded allocator in charge) or
+    ``unsupported`` (not glibc, or mallopt refused); a job that does not call it reports
+    ``default``. Process-wide and for the rest of the process: call it once, early."""
     owner = allocator_owner(environ)
     if owner is not None:
         return owner
@@ -66,6 +58,6 @@ def keep_freed_host_memory(environ: Mapping[str, str] = os.environ) -> str:
     if mallopt is None:
         return "unsupported"
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    mapped = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    mapped = mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
     trimmed = mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM)
     return "kept" if mapped == 1 and trimmed == 1 else "unsupported"
