@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_tts_methods.py                 # all of it (about an hour)
     .venv/bin/python benchmarks/bench_tts_methods.py --tune          # the grids, 1 round
     .venv/bin/python benchmarks/bench_tts_methods.py --ranks 1 --round 1   # one round at P = 1
+    .venv/bin/python benchmarks/bench_tts_methods.py --ranks 1 --round 1 --seed 1  # held out
     .venv/bin/python benchmarks/bench_tts_methods.py --report        # the table of stored rounds
 
 The parts can run as separate commands (each a few minutes, e.g. under a machine lock): they
@@ -38,6 +39,10 @@ computes the ESEs, the others train on (P − 1)/P of the global batch).
    target and mean step time (all phases), the ratio to SGD's median at the same P, the ESE
    share of the step time, and the peak resident set (max over rounds; rank 0). The load
    averages seen at the start and end of every part are printed with it.
+4. ``--round R --seed S`` (S > 0): a round at another seed with the settings chosen at seed 0;
+   ``--report`` lists these held-out seeds apart (time to target and steps per seed, and each
+   method's ratio to SGD at the same seed and round, median over seeds): what the choice is
+   worth on seeds it was not picked on.
 """
 
 from __future__ import annotations
@@ -134,12 +139,17 @@ def data_cache() -> Path:
     return cache
 
 
-def run(ranks: int, method: str, setting: Setting, cache: Path, work: Path) -> dict[str, Any]:
+def run(
+    ranks: int, method: str, setting: Setting, cache: Path, work: Path, seed: int = 0
+) -> dict[str, Any]:
     """One real run; its run.json figures (time to target None when not reached), or, when
     the job fails, ``error``: the last line it wrote (a failure is a result, not the end)."""
     run_dir = Path(tempfile.mkdtemp(dir=work)) / "run"
+    task = [
+        str(seed) if prev == "--seed" else a for prev, a in zip(["", *TASK[:-1]], TASK, strict=True)
+    ]
     args = [
-        *TASK,
+        *task,
         *QUIET,
         "--data-path",
         str(cache),
@@ -153,7 +163,8 @@ def run(ranks: int, method: str, setting: Setting, cache: Path, work: Path) -> d
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
-        return {"ranks": ranks, "method": method, "setting": setting, "error": lines[-1][:300]}
+        error = lines[-1][:300]
+        return {"ranks": ranks, "method": method, "setting": setting, "seed": seed, "error": error}
     summary = json.loads((run_dir / "run.json").read_text())
     if summary["world_size"] != ranks:
         raise RuntimeError(f"{method}: asked for {ranks} ranks, ran on {summary['world_size']}")
@@ -163,6 +174,7 @@ def run(ranks: int, method: str, setting: Setting, cache: Path, work: Path) -> d
         "ranks": ranks,
         "method": method,
         "setting": setting,
+        "seed": seed,
         "tts_s": summary["time_to_target_s"],
         "steps": summary["step_to_target"],
         "best_accuracy": summary["best_accuracy"],
@@ -253,8 +265,10 @@ def run_round(
     methods: list[str],
     cache: Path,
     work: Path,
+    seed: int = 0,
 ) -> None:
-    """Every (P, method) once; replaces what the file held for this round and these cells."""
+    """Every (P, method) once at ``seed``; replaces what the file held for this round, seed
+    and these cells."""
     follow(results)
     untuned = [m for m in methods if m not in results["chosen"]]
     if untuned:
@@ -263,18 +277,25 @@ def run_round(
         for method in methods:
             if p < METHODS[method][2]:
                 continue
-            r = {"round": index, **run(p, method, results["chosen"][method], cache, work)}
-            _show(r, f"round {index}")
-            key = (index, p, method)
-            runs = [x for x in results["runs"] if (x["round"], x["ranks"], x["method"]) != key]
+            r = {"round": index, **run(p, method, results["chosen"][method], cache, work, seed)}
+            _show(r, f"round {index}" + (f" seed {seed}" if seed else ""))
+            key = (index, p, method, seed)
+            runs = [x for x in results["runs"] if _cell(x) != key]
             results["runs"] = [*runs, r]
             save(results)
 
 
+def _cell(r: dict[str, Any]) -> tuple[int, int, str, int]:
+    """(round, P, method, seed) of a stored run (seed 0 before seeds were recorded)."""
+    return r["round"], r["ranks"], r["method"], r.get("seed", 0)
+
+
 def report(results: dict[str, Any]) -> None:
-    """The table: one line per P and method, from every stored round."""
+    """The table: one line per P and method, from every stored round of seed 0 (the seed the
+    grids were searched at); then the held-out seeds."""
     cells: dict[tuple[int, str], list[dict[str, Any]]] = {}
-    for r in sorted(results["runs"], key=lambda r: (r["ranks"], list(METHODS).index(r["method"]))):
+    tuned_seed = [r for r in results["runs"] if r.get("seed", 0) == 0]
+    for r in sorted(tuned_seed, key=lambda r: (r["ranks"], list(METHODS).index(r["method"]))):
         cells.setdefault((r["ranks"], r["method"]), []).append(r)
     print(f"MNIST-1D, cnn1d x160, batch 1024, time to {TARGET:.0%} test accuracy "
           "(median [min-max] over rounds)")  # fmt: skip
@@ -324,8 +345,41 @@ def report(results: dict[str, Any]) -> None:
             }
             shown = ", ".join(f"{n} {v:.1f}" for n, v in phases.items() if v >= 0.05)
             print(f"  {m:16s} {shown}")
+    held_out(results["runs"])
     for part in results["load"]:
         print(f"load average {part['what']}: start {part['start']}, end {part['end']}")
+
+
+def held_out(runs: list[dict[str, Any]]) -> None:
+    """Per P and method, the runs at seeds other than the tuning seed: steps and time to target
+    per seed, and the median over seeds of the time-to-target ratio to SGD at the same seed
+    (and round). The settings were chosen at seed 0, so these show what the choice is worth
+    on seeds it was not picked on."""
+    by_cell = {_cell(r): r for r in runs if r.get("seed", 0) and "error" not in r}
+    if not by_cell:
+        return
+    print("held-out seeds (settings tuned at seed 0): time to target s (steps) per seed; "
+          "ratio to SGD at the same seed, median [min-max]")  # fmt: skip
+    for p, method in sorted(
+        {(k[1], k[2]) for k in by_cell}, key=lambda c: (c[0], list(METHODS).index(c[1]))
+    ):
+        cells = sorted((k[3], k[0], r) for k, r in by_cell.items() if k[1:3] == (p, method))
+        shown = ", ".join(
+            f"{seed}: "
+            + ("not reached" if r["tts_s"] is None else f"{r['tts_s']:.1f} ({r['steps']})")
+            for seed, _, r in cells
+        )
+        ratios = [
+            r["tts_s"] / sgd["tts_s"]
+            for seed, index, r in cells
+            if (sgd := by_cell.get((index, p, "sgd", seed))) and r["tts_s"] and sgd["tts_s"]
+        ]
+        ratio = (
+            f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+            if ratios and method != "sgd"
+            else ""
+        )
+        print(f"{p:2d}  {method:16s} {ratio:22s} seed {shown}")
 
 
 def main() -> None:
@@ -336,6 +390,9 @@ def main() -> None:
     parser.add_argument("--ranks", default="1,2,4")
     parser.add_argument("--methods", default=",".join(METHODS), help="a subset, in this order")
     parser.add_argument("--report", action="store_true", help="print the stored table")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="--round: the job's seed (0: the one tuned at)"
+    )
     args = parser.parse_args()
     ranks = [int(p) for p in args.ranks.split(",")]
     methods = [m for m in METHODS if m in args.methods.split(",")]
@@ -357,8 +414,8 @@ def main() -> None:
         for index in [args.round] if args.round else (1, 2, 3) if everything else ():
             start = [round(x, 2) for x in os.getloadavg()]
             results = load_results()
-            what = f"round {index} P={args.ranks} ({time.strftime('%H:%M')})"
-            run_round(results, index, ranks, methods, data_cache(), work)
+            what = f"round {index} P={args.ranks} seed {args.seed} ({time.strftime('%H:%M')})"
+            run_round(results, index, ranks, methods, data_cache(), work, args.seed)
             end = [round(x, 2) for x in os.getloadavg()]
             results["load"].append({"what": what, "start": start, "end": end})
             save(results)
