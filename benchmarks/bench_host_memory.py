@@ -34,10 +34,11 @@ from bench_kfac import THREADS, Trainer
 from bench_kfac_floor import EVERY, SPARSE
 from memprobe import status_bytes
 
+from kfac_hpc.contracts import HostMemory
 from kfac_hpc.runtime import keep_freed_host_memory
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_host_memory.json"
-SETTINGS = ("default", "kept")
+SETTINGS = (str(HostMemory.DEFAULT), str(HostMemory.KEPT))
 # configuration: (K-FAC options, consecutive steps after the warm-up)
 CONFIGS: dict[str, tuple[dict[str, int], int]] = {
     "sgd": ({}, 30),
@@ -52,7 +53,8 @@ def _faults() -> int:
 
 def child(setting: str) -> dict[str, Any]:
     """One process's measurements under ``setting``."""
-    state = keep_freed_host_memory() if setting == "kept" else "default"
+    kept = setting == HostMemory.KEPT
+    state = str(keep_freed_host_memory() if kept else HostMemory.DEFAULT)
     if state != setting:
         raise SystemExit(f"bench_host_memory: asked for {setting!r}, the process is {state!r}")
     torch.set_num_threads(THREADS)

@@ -12,7 +12,7 @@ from kfac_hpc.contracts.exit_codes import ExitCode
 from kfac_hpc.contracts.grad_workers import GRAD_WORKER_NAMES, parse_grad_worker_fraction
 from kfac_hpc.contracts.options import OPTIONS, Option
 from kfac_hpc.contracts.phases import COMM_PHASES, KFAC_PHASES, PHASES
-from kfac_hpc.contracts.records import validate_run_dir
+from kfac_hpc.contracts.records import HostMemory, validate_run_dir
 from kfac_hpc.contracts.rundir import SCHEMA_VERSION, Marker, Markers, RunDir, write_json_atomic
 from kfac_hpc.contracts.states import LIVE, RESUMABLE, TERMINAL, PointState, Verdict
 
@@ -27,6 +27,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "TERMINAL",
     "ExitCode",
+    "HostMemory",
     "InputError",
     "Marker",
     "Markers",

@@ -9,6 +9,7 @@ schema change; removing one or changing its meaning bumps ``SCHEMA_VERSION``.
 
 from __future__ import annotations
 
+import enum
 import json
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ __all__ = [
     "RUN_FIELDS",
     "TRAIN",
     "TRAIN_FIELDS",
+    "HostMemory",
     "validate_run_dir",
 ]
 
@@ -57,6 +59,21 @@ EVAL_FIELDS: dict[str, Any] = {
     "loss": float,
     "accuracy": float,
 }
+
+
+class HostMemory(str, enum.Enum):
+    """run.json's ``host_memory``: what became of the rank's freed host memory (docs/train.md,
+    "Host memory")."""
+
+    KEPT = "kept"  # glibc set up to keep freed blocks for reuse
+    DEFAULT = "default"  # not asked (--no-keep-freed-memory)
+    ENVIRONMENT = "environment"  # the user's MALLOC_*, glibc.malloc tunables or LD_PRELOAD
+    UNSUPPORTED = "unsupported"  # not glibc, or mallopt refused
+
+    def __str__(self) -> str:
+        return self.value
+
+
 # run.json; ``state`` is the name of the marker written with it (done, error, preempted), and a
 # state ``error`` comes with an ``error`` message.
 RUN_FIELDS: dict[str, Any] = {
@@ -156,6 +173,8 @@ def validate_run_dir(root: str | Path) -> list[str]:
             problems.append("run.json: samples_per_s_per_rank is not one per rank")
         if summary.get("state") == str(Marker.ERROR) and not summary.get("error"):
             problems.append("run.json: state error without an error message")
+        if summary.get("host_memory") not in {str(state) for state in HostMemory}:
+            problems.append(f"run.json: host_memory {summary.get('host_memory')!r} is unknown")
     for i, record in enumerate(run_dir.read_metrics()):
         where = f"metrics.jsonl line {i + 1}"
         if record.get("kind") == TRAIN:

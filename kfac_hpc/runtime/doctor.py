@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import click
 
 from kfac_hpc import __version__
+from kfac_hpc.contracts import HostMemory
 from kfac_hpc.runtime.host_memory import allocator_owner
 
 __all__ = ["Check", "doctor", "run_checks"]
@@ -63,8 +64,9 @@ def _host_memory() -> list[Check]:
     owner = allocator_owner()
     detail = {
         None: "glibc: kfac-hpc train keeps freed memory for reuse (--no-keep-freed-memory: not)",
-        "environment": "set by MALLOC_*, GLIBC_TUNABLES or LD_PRELOAD: kfac-hpc train leaves it",
-        "unsupported": "not glibc: kfac-hpc train leaves the allocator as it is",
+        HostMemory.ENVIRONMENT: "set by MALLOC_*, GLIBC_TUNABLES or LD_PRELOAD: kfac-hpc train "
+        "leaves it",
+        HostMemory.UNSUPPORTED: "not glibc: kfac-hpc train leaves the allocator as it is",
     }[owner]
     return [Check("malloc", True, detail, required=False)]
 

@@ -17,6 +17,8 @@ import os
 import platform
 from collections.abc import Mapping
 
+from kfac_hpc.contracts.records import HostMemory
+
 __all__ = ["allocator_owner", "keep_freed_host_memory"]
 
 # mallopt parameters (glibc's malloc.h)
@@ -29,35 +31,34 @@ _ENVIRONMENT = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_
 _ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
 
 
-def allocator_owner(environ: Mapping[str, str] = os.environ) -> str | None:
+def allocator_owner(environ: Mapping[str, str] = os.environ) -> HostMemory | None:
     """Why this process's allocator is not for :func:`keep_freed_host_memory` to set up
-    (``environment`` or ``unsupported``), or None when it is glibc's, unconfigured. Changes
+    (``ENVIRONMENT`` or ``UNSUPPORTED``), or None when it is glibc's, unconfigured. Changes
     nothing."""
     preload = environ.get("LD_PRELOAD", "")
     tunables = environ.get("GLIBC_TUNABLES", "")
     if any(name in environ for name in _ENVIRONMENT) or "glibc.malloc." in tunables:
-        return "environment"
+        return HostMemory.ENVIRONMENT
     if any(allocator in preload for allocator in _ALLOCATORS):
-        return "environment"
+        return HostMemory.ENVIRONMENT
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return "unsupported"
+        return HostMemory.UNSUPPORTED
     return None
 
 
-def keep_freed_host_memory(environ: Mapping[str, str] = os.environ) -> str:
+def keep_freed_host_memory(environ: Mapping[str, str] = os.environ) -> HostMemory:
     """Make glibc keep freed memory for reuse (see the module docstring) unless ``environ``
-    (this process's environment) configures the allocator. Returns the state this process is
-    in, as run.json's ``host_memory`` reports it: ``kept`` (set up here), ``environment`` (the
-    user's ``MALLOC_*``, ``glibc.malloc`` tunables or preloaded allocator in charge) or
-    ``unsupported`` (not glibc, or mallopt refused); a job that does not call it reports
-    ``default``. Process-wide and for the rest of the process: call it once, early."""
+    (this process's environment) configures the allocator; returns the state this process is
+    in (``KEPT``, ``ENVIRONMENT`` or ``UNSUPPORTED``; a job that does not call it is in
+    ``DEFAULT``). Process-wide and for the rest of the process: call it once, early."""
     owner = allocator_owner(environ)
     if owner is not None:
         return owner
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is None:
-        return "unsupported"
+        return HostMemory.UNSUPPORTED
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     mapped = mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
     trimmed = mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM)
-    return "kept" if mapped == 1 and trimmed == 1 else "unsupported"
+    kept = mapped == 1 and trimmed == 1
+    return HostMemory.KEPT if kept else HostMemory.UNSUPPORTED

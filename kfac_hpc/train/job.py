@@ -37,7 +37,7 @@ from kfac_hpc.checkpoint import (
     load_checkpoint,
     restore_training_state,
 )
-from kfac_hpc.contracts import OPTIONS, PHASES, RunDir
+from kfac_hpc.contracts import OPTIONS, PHASES, HostMemory, RunDir
 from kfac_hpc.optim.finite import all_finite
 from kfac_hpc.runtime import DistributedContext
 from kfac_hpc.train.config import ConfigError, TrainConfig
@@ -113,7 +113,7 @@ class Job:
         ctx: DistributedContext,
         run_dir: RunDir,
         data: DataSource,
-        host_memory: str = "default",
+        host_memory: HostMemory = HostMemory.DEFAULT,
     ) -> None:
         self.config = config
         self.host_memory = host_memory  # what keep_freed_host_memory() left this process in
@@ -353,4 +353,4 @@ class Job:
         method = {"method": self.method.name, **self.method.run_facts()}
         epochs = step // self.steps_per_epoch
         facts = run_facts(self.config, self.ctx, self.run_dir, method, step, epochs, step_times)
-        return {**facts, "host_memory": self.host_memory}
+        return {**facts, "host_memory": str(self.host_memory)}

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from kfac_hpc.contracts import SCHEMA_VERSION, ExitCode, RunDir, write_json_atomic
+from kfac_hpc.contracts import SCHEMA_VERSION, ExitCode, HostMemory, RunDir, write_json_atomic
 from kfac_hpc.runtime import DistributedContext, init_distributed, keep_freed_host_memory, shutdown
 from kfac_hpc.train.config import ConfigError, TrainConfig, check_run_dir
 from kfac_hpc.train.data import DataSource, load_data
@@ -85,7 +85,7 @@ def run_training(config: TrainConfig, root: str | Path) -> int:
 
     Raises ConfigError (before anything is written) for bad input.
     """
-    host_memory = keep_freed_host_memory() if config.keep_freed_memory else "default"
+    host_memory = keep_freed_host_memory() if config.keep_freed_memory else HostMemory.DEFAULT
     backend = None if config.backend == "auto" else config.backend
     ctx = init_distributed(backend, config.collective_timeout_s)
     run_dir = RunDir(root)
