@@ -108,6 +108,37 @@ def row_shift_moments(
     the batch is unfolded in chunks of at most ``chunk_bytes`` through one buffer."""
     g = geometry
     (kh, kw), dh = g.kernel, g.dilation[0]
+    slots, _ = _product_plan(g)
+    # the unfolding buffer is freed before A is assembled, so the two never coexist
+    sums, row_sums = _lag_sums(x, g, with_sum, chunk_bytes)
+    cov = x.new_empty(g.groups, g.channels, kh, kw, g.channels, kh, kw)
+    for lag in range(kh):
+        for i in range(kh - lag):
+            k = i + lag
+            target = cov[:, :, i, :, :, k, :]  # (groups, C, kw, C, kw)
+            full = _block(sums[slots[lag, -1]], g)
+            if (lag, i) in slots:
+                torch.sub(full, _block(sums[slots[lag, i]], g), out=target)
+            else:
+                target.copy_(full)
+            if lag:
+                cov[:, :, k, :, :, i, :] = target.permute(0, 3, 4, 1, 2)
+    d = g.channels * kh * kw
+    col = None
+    if row_sums is not None:
+        windows = [row_sums[..., i * dh : i * dh + g.out_height].sum(-1) for i in range(kh)]
+        col = torch.stack(windows, 1).view(g.groups, kh, kw, g.channels)
+        col = col.permute(0, 3, 1, 2).reshape(g.groups, d)
+    return cov.view(g.groups, d, d), col, len(x) * g.out_height * g.out_width
+
+
+def _lag_sums(
+    x: Tensor, g: RowGeometry, with_sum: bool, chunk_bytes: int
+) -> tuple[Tensor, Tensor | None]:
+    """The row-shifted products of x (n, C, H, W): (slots, groups, width, width), slot by
+    ``_product_plan``, and the per-padded-row sums (groups, width, padded rows) if
+    ``with_sum``. On CPUs the batch is unfolded in chunks of at most ``chunk_bytes``
+    through one buffer, freed on return."""
     budget = chunk_bytes // (g.sample_elements() * x.element_size())
     most = max(1, len(x) if x.is_cuda else budget)
     chunks = max(1, -(-len(x) // most))
@@ -135,25 +166,7 @@ def row_shift_moments(
                 outputs[slot].baddbmm_(left, right)
         if row_sums is not None:
             row_sums += flat.unflatten(2, (g.padded_height, step)).sum(-1)
-    cov = x.new_empty(g.groups, g.channels, kh, kw, g.channels, kh, kw)
-    for lag in range(kh):
-        for i in range(kh - lag):
-            k = i + lag
-            target = cov[:, :, i, :, :, k, :]  # (groups, C, kw, C, kw)
-            full = _block(sums[slots[lag, -1]], g)
-            if (lag, i) in slots:
-                torch.sub(full, _block(sums[slots[lag, i]], g), out=target)
-            else:
-                target.copy_(full)
-            if lag:
-                cov[:, :, k, :, :, i, :] = target.permute(0, 3, 4, 1, 2)
-    d = g.channels * kh * kw
-    col = None
-    if row_sums is not None:
-        windows = [row_sums[..., i * dh : i * dh + g.out_height].sum(-1) for i in range(kh)]
-        col = torch.stack(windows, 1).view(g.groups, kh, kw, g.channels)
-        col = col.permute(0, 3, 1, 2).reshape(g.groups, d)
-    return cov.view(g.groups, d, d), col, len(x) * g.out_height * g.out_width
+    return sums, row_sums
 
 
 @functools.lru_cache(maxsize=64)

@@ -95,7 +95,13 @@ def check_triangle_packing() -> None:
         for dtype, rtol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
             stack = torch.stack([symmetric(6, dtype, 70 + g) for g in range(3)])  # grouped conv
             strided = symmetric(9, dtype, 80).T  # a non-contiguous view (still symmetric)
-            mats = [symmetric(n, dtype, n) for n in (1, 2, 5, 16, 40)] + [stack, strided]
+            # packed in parts (_Triangle.PACK_ELEMENTS): by rows of one wide matrix, by whole
+            # matrices of a stack of many small ones, one matrix at a time of a stack
+            wide = symmetric(200, dtype, 81)
+            many = torch.stack([symmetric(9, dtype, 90 + g) for g in range(300)])
+            mid = torch.stack([symmetric(100, dtype, 85 + g) for g in range(3)])
+            mats = [symmetric(n, dtype, n) for n in (1, 2, 5, 16, 40)]
+            mats += [stack, strided, wide, many, mid]
             plain = [rank_tensor((3, 4), dtype, 99)]
             expected = [plain_mean(t) for t in mats + plain]
             reducer = FactorAllreducer(bucket_cap_mb=cap, symmetric=True)
