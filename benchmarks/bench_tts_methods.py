@@ -27,12 +27,12 @@ computes the ESEs, the others train on (P − 1)/P of the global batch).
    base, damping and KL clip for K-FAC, lr for Adam) at the method's smallest P (1; 2
    for DHO2 with pipelined curvature, whose curvature is a step behind: FOSI's momentum 0.95
    diverged with it at P = 4), once at each of the seeds ``TUNE_SEEDS``, ``--jobs`` runs at a
-   time; the setting with the fewest steps to target, median over the seeds (the shorter
-   median time on a tie), is kept for every P (K-FAC-reduce takes K-FAC's, DHO2
-   FOSI's; FOSI has its own grid: it scales its SGD base's update by up to 3, so SGD's lr
-   diverges with it); a diverged run counts as not reached (infinitely many steps);
-   rounds measured with a setting no longer chosen are dropped, and so is all a method holds
-   when its grid changed (the other methods' tuning and rounds are kept).
+   time; the setting with the fewest steps to target, median over the seeds (then the
+   fewest on average, then the shorter median time), is kept for every P (K-FAC-reduce
+   takes K-FAC's, DHO2 FOSI's; FOSI has its own grid: it scales its SGD base's update by up
+   to 3, so SGD's lr diverges with it); a diverged run counts as not reached (infinitely
+   many steps); rounds measured with a setting no longer chosen are dropped, and so is all
+   a method holds when its grid changed (the other methods' tuning and rounds are kept).
 2. ``--round R``: every method at each of ``--ranks`` once, in a fixed order, so machine noise
    hits all alike; a stored (round, P, method) is replaced.
 3. ``--report``: per (P, method) the median, min and max over rounds of the time to target (the
@@ -243,17 +243,19 @@ def follow(results: dict[str, Any]) -> None:
             results["chosen"][method] = results["chosen"][source]
 
 
-def score(runs: list[dict[str, Any]]) -> tuple[float, float]:
-    """A grid point's median steps and median time to target over its seeds (a run that did
-    not reach the target counts as infinitely many of both): lower is better."""
+def score(runs: list[dict[str, Any]]) -> tuple[float, float, float]:
+    """A grid point's median and mean steps and median time to target over its seeds (a run
+    that did not reach the target counts as infinitely many of each): lower is better. Steps
+    are the same on a busy machine; time only breaks ties that steps leave."""
     steps = [math.inf if r.get("tts_s") is None else r["steps"] for r in runs]
     times = [math.inf if r.get("tts_s") is None else r["tts_s"] for r in runs]
-    return statistics.median(steps), statistics.median(times)
+    return statistics.median(steps), statistics.fmean(steps), statistics.median(times)
 
 
 def tune(results: dict[str, Any], methods: list[str], cache: Path, work: Path, jobs: int) -> None:
     """The grids of ``methods``, each at its smallest P and every seed of ``TUNE_SEEDS``
-    (``jobs`` runs at a time: median steps decide, median time only breaks ties); their
+    (``jobs`` runs at a time: median, then mean steps decide, median time only breaks
+    ties); their
     settings (and those that follow them) are stored, and rounds measured with other
     settings are dropped."""
     for method in methods:
@@ -353,7 +355,7 @@ def report(results: dict[str, Any]) -> None:
         points.setdefault((t["method"], json.dumps(t["setting"])), []).append(t)
     for (method, setting), runs in points.items():
         chosen = "*" if results["chosen"].get(method) == json.loads(setting) else " "
-        steps, tts = score(runs)
+        steps, _, tts = score(runs)
         median = "not reached" if math.isinf(tts) else f"{tts:6.1f} s {steps:5g} steps"
         per_seed = " ".join(
             f"{r.get('seed', 0)}:" + ("-" if r.get("tts_s") is None else str(r["steps"]))
