@@ -1,7 +1,7 @@
 """Time to target accuracy of the training methods side by side on MNIST-1D, at 1, 2 and 4 ranks.
 
-    .venv/bin/python benchmarks/bench_tts_methods.py                 # all of it (about an hour)
-    .venv/bin/python benchmarks/bench_tts_methods.py --tune          # the grids, 1 round
+    .venv/bin/python benchmarks/bench_tts_methods.py                 # all of it (about 2 hours)
+    .venv/bin/python benchmarks/bench_tts_methods.py --tune          # the grids, seeds 0-2
     .venv/bin/python benchmarks/bench_tts_methods.py --ranks 1 --round 1   # one round at P = 1
     .venv/bin/python benchmarks/bench_tts_methods.py --ranks 1 --round 1 --seed 3  # held out
     .venv/bin/python benchmarks/bench_tts_methods.py --report        # the table of stored rounds
