@@ -110,7 +110,7 @@ def grid(**axes: tuple[float, ...]) -> tuple[Setting, ...]:
 # method: (flags, grid, or the method whose tuned setting it takes, and the smallest P)
 METHODS: dict[str, tuple[list[str], tuple[Setting, ...] | str, int]] = {
     "sgd": (["--no-kfac"], grid(lr=(0.1, 0.15, 0.2, 0.3), momentum=(0.9, 0.95, 0.98)), 1),
-    "adam": (["--no-kfac", "--optimizer", "adam"], grid(lr=(0.001, 0.003, 0.01)), 1),
+    "adam": (["--no-kfac", "--optimizer", "adam"], grid(lr=(0.001, 0.003, 0.01, 0.03)), 1),
     # the KL clip bounds every step here, so it, not the lr, sets the step length
     "sgd+kfac": (
         KFAC,
