@@ -7,7 +7,7 @@ mean, the broadcast source already holds the data).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -59,32 +59,33 @@ class _Triangle:
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         """The upper triangles, row by row, matrix by matrix (a new 1-D tensor)."""
-        matrices = tensor.detach()
-        n = matrices.shape[-1]
-        mask = self._mask(n, matrices.device)
-        if matrices.numel() <= self.PACK_ELEMENTS:
-            return torch.masked_select(matrices, mask)
-        stack = matrices.reshape(-1, n, n)
+        stack = tensor.detach().reshape(-1, *tensor.shape[-2:])
+        n = stack.shape[-1]
+        mask = self._mask(n, stack.device)
         values = stack.new_empty(len(stack) * n * (n + 1) // 2)
-        if n * n <= self.PACK_ELEMENTS:  # several whole matrices at a time
-            per = self.PACK_ELEMENTS // (n * n)
-            size = per * n * (n + 1) // 2
-            for index, first in enumerate(range(0, len(stack), per)):
-                part = stack[first : first + per]
-                count = len(part) * n * (n + 1) // 2
-                torch.masked_select(part, mask, out=values[index * size : index * size + count])
-            return values
-        rows = max(1, self.PACK_ELEMENTS // n)
         offset = 0
-        for matrix in stack:
-            for first in range(0, n, rows):
-                stop = min(n, first + rows)
-                # row i holds n - i upper-triangle values
-                count = (stop - first) * n - (stop * (stop - 1) - first * (first - 1)) // 2
-                part = values[offset : offset + count]
-                torch.masked_select(matrix[first:stop], mask[first:stop], out=part)
-                offset += count
+        for part, rows in self._parts(stack):
+            first, stop = rows.start, rows.stop  # row i holds n - i upper-triangle values
+            count = len(part) * (
+                (stop - first) * n - (stop * (stop - 1) - first * (first - 1)) // 2
+            )
+            torch.masked_select(part[:, rows], mask[rows], out=values[offset : offset + count])
+            offset += count
         return values
+
+    def _parts(self, stack: torch.Tensor) -> Iterator[tuple[torch.Tensor, slice]]:
+        """``stack`` (k, n, n) in parts of about ``PACK_ELEMENTS`` elements, in value order:
+        whole matrices at a time, or whole rows of one matrix at a time when n² is more."""
+        n = stack.shape[-1]
+        if n * n <= self.PACK_ELEMENTS:
+            per = self.PACK_ELEMENTS // (n * n)
+            for first in range(0, len(stack), per):
+                yield stack[first : first + per], slice(0, n)
+            return
+        rows = max(1, self.PACK_ELEMENTS // n)
+        for index in range(len(stack)):
+            for first in range(0, n, rows):
+                yield stack[index : index + 1], slice(first, min(n, first + rows))
 
     def unpack(self, values: torch.Tensor, target: torch.Tensor) -> None:
         """Write the symmetric matrices whose upper triangles are ``values`` into ``target``."""
