@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import h5py
 import numpy as np
 import pytest
@@ -60,3 +62,58 @@ def test_corruption_is_reported_by_both_readers(tmp_path, monkeypatch):
             read_array(h5["a"])
         with pytest.raises(OSError):
             h5["a"][()]
+
+
+@pytest.mark.parametrize("size", [3 * 131070 * 5 + 7, 131070 * 8, 131070 * 8 + 1])
+def test_checksum_over_many_row_groups_and_split_equals_hdf5_filter(tmp_path, monkeypatch, size):
+    # Blocks of 2 rows, groups of 3 and a split at 64 KiB: every path of the byte-column sums
+    # on small data.
+    monkeypatch.setattr(chunk_io, "_BLOCK_ROWS", 2)
+    monkeypatch.setattr(chunk_io, "GROUP_ROWS", 3)
+    monkeypatch.setattr(chunk_io, "SPLIT_BYTES", 65536)
+    array = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    assert fletcher32(array) == _hdf5_checksum(tmp_path, array)
+
+
+@pytest.mark.parametrize("size", [7, 131070 * 3 + 5, 131070 * 8])
+@pytest.mark.parametrize("padding", [0, 1, 131071])
+def test_checksummed_copy_copies_pads_with_zeros_and_sums_like_hdf5(
+    tmp_path, monkeypatch, size, padding
+):
+    monkeypatch.setattr(chunk_io, "_BLOCK_ROWS", 2)
+    monkeypatch.setattr(chunk_io, "GROUP_ROWS", 3)
+    monkeypatch.setattr(chunk_io, "SPLIT_BYTES", 65536)
+    source = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    target = np.full(size + padding, 0xAB, dtype=np.uint8)  # stale bytes to overwrite
+    checksum = chunk_io.checksummed_copy(source, target)
+    assert np.array_equal(target[:size], source) and not target[size:].any()
+    assert checksum == _hdf5_checksum(tmp_path, target)
+
+
+def test_byte_column_sums_of_0xff_rows_do_not_wrap():
+    # The largest sums a uint16 group can make (256 rows of 0xFF: 65280 per byte position),
+    # two full groups and a partial one, against int64 sums.
+    rows = np.full((600, 131070), 255, dtype=np.uint8)
+    expected = np.full(131070, 600 * 255, dtype=np.int64)
+    assert np.array_equal(chunk_io._byte_columns(rows, None), expected)
+
+
+def test_only_the_main_thread_splits_a_checksum(monkeypatch):
+    monkeypatch.setattr(chunk_io, "SPLIT_BYTES", 65536)
+    seen: list[str] = []
+    sums = chunk_io._byte_columns
+
+    def recording(rows: np.ndarray, into: np.ndarray | None) -> np.ndarray:
+        seen.append(threading.current_thread().name)
+        return sums(rows, into)
+
+    monkeypatch.setattr(chunk_io, "_byte_columns", recording)
+    data = np.random.default_rng(0).integers(0, 256, 131070 * 4, dtype=np.uint8)
+    on_main = fletcher32(data)
+    assert len(seen) == 2 and len(set(seen)) == 2  # the main thread and its helper
+    seen.clear()
+    background: list[int] = []
+    worker = threading.Thread(target=lambda: background.append(fletcher32(data)), name="writer")
+    worker.start()
+    worker.join()
+    assert seen == ["writer"] and background == [on_main]
