@@ -316,6 +316,8 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="folder on the disk to measure")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     base = args.dir or Path(__file__).resolve().parent / "results"
     base.mkdir(parents=True, exist_ok=True)

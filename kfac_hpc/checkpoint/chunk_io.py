@@ -127,6 +127,8 @@ def fletcher32(data: memoryview | bytes | np.ndarray) -> int:
 def checksummed_copy(source: np.ndarray, target: np.ndarray) -> int:
     """Copy the bytes ``source`` into ``target`` (uint8, at least as long), zero the rest of
     ``target``, and return :func:`fletcher32` of ``target``: one pass over the data."""
+    if not target.flags.c_contiguous or target.size < source.size:
+        raise ValueError("checksummed_copy: target must be contiguous and hold the source")
     target[source.size :] = 0
     return _checksum(source, -(-target.size // 2), target)
 

@@ -117,3 +117,11 @@ def test_only_the_main_thread_splits_a_checksum(monkeypatch):
     worker.start()
     worker.join()
     assert seen == ["writer"] and background == [on_main]
+
+
+def test_checksummed_copy_refuses_a_strided_or_short_target():
+    source = np.arange(10, dtype=np.uint8)
+    with pytest.raises(ValueError, match="contiguous"):
+        chunk_io.checksummed_copy(source, np.zeros(40, dtype=np.uint8)[::2])
+    with pytest.raises(ValueError, match="hold the source"):
+        chunk_io.checksummed_copy(source, np.zeros(9, dtype=np.uint8))
