@@ -59,41 +59,26 @@ NEVER_PRUNED = 1_000_000  # keep= of the timed managers: nothing is deleted insi
 RESULTS = Path(__file__).resolve().parent / "results" / "checkpoint.json"
 
 
-def resnet50_factor_shapes() -> dict[str, tuple[int, int]]:
-    """(n_A, n_G) of every conv/linear layer of ResNet-50 (bias-free convs, fc with bias)."""
-    shapes = {"conv1": (3 * 7 * 7, 64)}
-    in_ch = 64
-    for stage, (mid, out, blocks) in enumerate(
-        [(64, 256, 3), (128, 512, 4), (256, 1024, 6), (512, 2048, 3)], start=1
-    ):
-        for block in range(blocks):
-            name = f"layer{stage}.{block}"
-            shapes[f"{name}.conv1"] = (in_ch, mid)
-            shapes[f"{name}.conv2"] = (mid * 9, mid)
-            shapes[f"{name}.conv3"] = (mid, out)
-            if block == 0:
-                shapes[f"{name}.downsample.0"] = (in_ch, out)
-            in_ch = out
-    shapes["fc"] = (2048 + 1, 1000)
-    return shapes
-
-
 def resnet50_state() -> TrainingState:
     """A job's checkpoint of ResNet-50 (ImageNet shapes): the captured model and data position,
-    and a K-FAC state of random factors of every layer's shapes. A read checks that every entry
-    a resume needs is present (``check_schema``), so this state is a complete one."""
+    and a K-FAC state of random factors of the shapes the preconditioner gives each of its
+    layers. A read checks that every entry a resume needs is present (``check_schema``), so this
+    state is a complete one."""
     torch.manual_seed(0)
+    model = build_model("resnet50", (3, 224, 224), 1000)
+    preconditioner = KFACPreconditioner(model)
+    preconditioner.remove_hooks()
+    layers = {
+        name: {"A": torch.rand(layer.n_a, layer.n_a), "G": torch.rand(layer.n_g, layer.n_g)}
+        for name, layer in preconditioner.layers.items()
+    }
     state = capture_training_state(
         step=1,
-        model=build_model("resnet50", (3, 224, 224), 1000),
+        model=model,
         optimizer=None,
         data_position=DataPosition(0, 1, 0),
         config={"model": "resnet50"},
     )
-    layers = {
-        name: {"A": torch.rand(n_a, n_a), "G": torch.rand(n_g, n_g)}
-        for name, (n_a, n_g) in resnet50_factor_shapes().items()
-    }
     state.shared["kfac_state"] = {"format": 1, "steps": 1, "layers": layers}
     # As capture_training_state marks K-FAC's state: never modified in place (updates make
     # new tensors), so the asynchronous snapshot references it instead of copying it.
@@ -177,7 +162,7 @@ def throughput(directory: Path, repeats: int) -> dict[str, Any]:
     med = {k: statistics.median(v) for k, v in times.items()}
     gb = nbytes / 1e9
     out: dict[str, Any] = {
-        "layers": len(resnet50_factor_shapes()),
+        "layers": len(state.shared["kfac_state"]["layers"]),
         "state_bytes": nbytes,
         "file_bytes": path.stat().st_size,
         "repeats": repeats,

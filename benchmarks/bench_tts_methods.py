@@ -255,9 +255,8 @@ def score(runs: list[dict[str, Any]]) -> tuple[float, float, float]:
 def tune(results: dict[str, Any], methods: list[str], cache: Path, work: Path, jobs: int) -> None:
     """The grids of ``methods``, each at its smallest P and every seed of ``TUNE_SEEDS``
     (``jobs`` runs at a time: median, then mean steps decide, median time only breaks
-    ties); their
-    settings (and those that follow them) are stored, and rounds measured with other
-    settings are dropped."""
+    ties); their settings (and those that follow them) are stored, and rounds measured with
+    other settings are dropped."""
     for method in methods:
         _, points, ranks = METHODS[method]
         if isinstance(points, str):
