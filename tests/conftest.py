@@ -3,78 +3,24 @@
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import shutil
 import subprocess
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.helpers.checkout import checkout_status, left_behind
+from tests.helpers.launch import (  # noqa: F401 - imported from here by many tests
+    VENV_BIN,
+    clean_env,
+    parse_rank_records,
+    run_bounded,
+    run_mpi,
+)
+
 REPO = Path(__file__).resolve().parent.parent
-VENV_BIN = Path(sys.executable).parent
-
-# Variables that tell a process how it was launched; a test that starts its own ranks must not
-# let the ones of the shell that runs pytest leak into them.
-_LAUNCH_PREFIXES = ("SLURM_", "PMI_", "PMIX_", "OMPI_", "MPI_LOCAL", "HYDRA_")
-_LAUNCH_NAMES = {
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-}
-
-
-def clean_env(extra: dict[str, str] | None = None, keep_slurm_conf: bool = True) -> dict[str, str]:
-    """The current environment without launcher variables, with the venv first on PATH."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(_LAUNCH_PREFIXES) and k not in _LAUNCH_NAMES
-    }
-    if keep_slurm_conf and "SLURM_CONF" in os.environ:
-        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
-    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["OMP_NUM_THREADS"] = env.get("OMP_NUM_THREADS", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra or {})
-    return env
-
-
-def run_mpi(
-    nranks: int,
-    argv: Sequence[str],
-    *,
-    env: dict[str, str] | None = None,
-    timeout: float = 300,
-    cwd: Path | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """Start ``nranks`` real processes with the venv's ``mpiexec`` and wait for them."""
-    mpiexec = VENV_BIN / "mpiexec"
-    assert mpiexec.exists(), f"{mpiexec} missing: install the 'mpich' extra (make venv)"
-    cmd = [str(mpiexec), "-n", str(nranks), *argv]
-    return subprocess.run(
-        cmd, env=clean_env(env), capture_output=True, text=True, timeout=timeout, cwd=cwd
-    )
-
-
-def parse_rank_records(stdout: str, marker: str = '{"rank"') -> list[dict[str, Any]]:
-    """The JSON objects that ranks printed, wherever the launcher put them in the merged
-    output (ranks write each object with one ``os.write``, but lines of different ranks may
-    still be glued together)."""
-    decoder = json.JSONDecoder()
-    records: list[dict[str, Any]] = []
-    start = stdout.find(marker)
-    while start != -1:
-        record, end = decoder.raw_decode(stdout, start)
-        records.append(record)
-        start = stdout.find(marker, end)
-    return records
 
 
 def _must_not_skip() -> bool:
@@ -158,3 +104,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     if len(session.items) < 10:
         raise pytest.UsageError(f"only {len(session.items)} tests collected; the suite is broken")
+
+
+_status_before: set[str] | None = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _status_before
+    _status_before = checkout_status(REPO)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A test that writes into the checkout fails the run (tests write under tmp_path)."""
+    new = left_behind(_status_before, checkout_status(REPO))
+    if new:
+        listing = "\n  ".join(new)
+        print(f"\nthe tests left these in the checkout (write under tmp_path):\n  {listing}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

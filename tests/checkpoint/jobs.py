@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import torch
 
 from kfac_hpc.checkpoint.files import open_h5
 from kfac_hpc.checkpoint.hdf5_tree import read_tree
-from tests.conftest import clean_env, parse_rank_records, run_mpi
+from tests.helpers.launch import parse_rank_records, run_bounded, run_mpi, script_env
 
 SCRIPT = Path(__file__).with_name("tiny_train.py")
 
@@ -20,7 +19,7 @@ def run_tiny(world: int, run: Path, *args: str, expect_rc: int = 0) -> list[dict
     run.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, str(SCRIPT), "--run", str(run), *args]
     if world == 1:
-        out = subprocess.run(argv, env=clean_env(), capture_output=True, text=True, timeout=180)
+        out = run_bounded(argv, env=script_env(), timeout=180)
     else:
         out = run_mpi(world, argv, timeout=240)
     assert out.returncode == expect_rc, f"rc {out.returncode}\n{out.stdout}\n{out.stderr[-3000:]}"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import multiprocessing
 import random
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from kfac_hpc.checkpoint import (
 )
 from kfac_hpc.checkpoint.async_writer import ModifiedDuringWriteError
 from kfac_hpc.checkpoint.files import list_checkpoints, read_latest
+from tests.checkpoint.kill_moments import KillMoment, Progress, hold_inside_a_write, wait_for_moment
 from tests.checkpoint.test_crash_safety import TRIALS, _flat, _kill_and_check, _same, _state
 
 
@@ -64,14 +64,17 @@ def test_a_failed_write_is_raised_at_wait_and_latest_stays(tmp_path: Path) -> No
     writer.wait()  # nothing in flight any more: a no-op
 
 
-def _async_writer(directory: str, first_step: int, ready: Any) -> None:
-    """Save checkpoints asynchronously forever (until killed)."""
+def _async_writer(directory: str, first_step: int, moment: KillMoment, progress: Progress) -> None:
+    """Save checkpoints asynchronously forever (until killed), held inside a write at
+    ``moment``; a save returns once the previous write has finished."""
+    hold_inside_a_write(moment, progress)
     writer = AsyncCheckpointWriter(CheckpointManager(directory, keep=2))
-    ready.set()
     step = first_step
     while True:
         step += 1
         writer.save(_state(step))
+        if step > first_step + 1:
+            progress.saved.set()
 
 
 def test_sigkill_at_random_moments_never_breaks_latest_async(tmp_path: Path) -> None:
@@ -80,12 +83,12 @@ def test_sigkill_at_random_moments_never_breaks_latest_async(tmp_path: Path) -> 
     ctx = multiprocessing.get_context("spawn")
     rng = random.Random(11)
     last_step, killed_mid_write = 0, 0
-    for _ in range(TRIALS // 2):  # half the synchronous test's trials: each spawn costs seconds
-        ready = ctx.Event()
-        proc = ctx.Process(target=_async_writer, args=(str(tmp_path), last_step, ready))
+    for trial in range(TRIALS // 2):  # half the synchronous test's trials: each spawn costs s
+        moment, progress = KillMoment.draw(trial, rng), Progress.create(ctx)
+        args = (str(tmp_path), last_step, moment, progress)
+        proc = ctx.Process(target=_async_writer, args=args)
         proc.start()
-        assert ready.wait(timeout=120), "the writer process did not start"
-        time.sleep(rng.uniform(0.05, 1.0))  # a snapshot + a threaded write per save
+        wait_for_moment(moment, progress)
         step, mid_write = _kill_and_check(proc, tmp_path, last_step)
         last_step, killed_mid_write = step, killed_mid_write + mid_write
         manager = CheckpointManager(tmp_path, keep=2)  # cleans up after the dead writer
@@ -93,8 +96,8 @@ def test_sigkill_at_random_moments_never_breaks_latest_async(tmp_path: Path) -> 
         assert (found.step if found else 0) == step
         assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
         assert len(list_checkpoints(tmp_path)) <= 3
-    assert last_step > 0, "no write ever finished: the trial delays are too short"
-    assert killed_mid_write > 0, "no kill landed inside a write: the test proves nothing"
+    assert last_step > 0, "no write ever finished"
+    assert killed_mid_write >= TRIALS // 4, "a kill held inside a write left no temporary file"
 
 
 def test_snapshot_copies_every_tensor() -> None:

@@ -7,7 +7,6 @@ import multiprocessing
 import os
 import random
 import signal
-import time
 import warnings
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from kfac_hpc.checkpoint import (
 )
 from kfac_hpc.checkpoint.files import checkpoint_step, list_checkpoints, read_latest
 from kfac_hpc.checkpoint.hdf5_tree import walk_datasets
+from tests.checkpoint.kill_moments import KillMoment, Progress, hold_inside_a_write, wait_for_moment
 
 TRIALS = 24
 
@@ -46,13 +46,15 @@ def _state(step: int) -> TrainingState:
     return TrainingState(step, shared, {"rng": {"torch_cpu": torch.get_rng_state()}})
 
 
-def _writer(directory: str, first_step: int) -> None:
-    """Save checkpoints forever (until killed)."""
+def _writer(directory: str, first_step: int, moment: KillMoment, progress: Progress) -> None:
+    """Save checkpoints forever (until killed), held inside a write at ``moment``."""
+    hold_inside_a_write(moment, progress)
     manager = CheckpointManager(directory, keep=2)
     step = first_step
     while True:
         step += 1
         manager.save(_state(step))
+        progress.saved.set()
 
 
 def _check_directory(directory: Path) -> int:
@@ -84,10 +86,11 @@ def test_sigkill_at_random_moments_never_breaks_latest(tmp_path):
     ctx = multiprocessing.get_context("fork")
     rng = random.Random(7)
     last_step, killed_mid_write = 0, 0
-    for _ in range(TRIALS):
-        proc = ctx.Process(target=_writer, args=(str(tmp_path), last_step))
+    for trial in range(TRIALS):
+        moment, progress = KillMoment.draw(trial, rng), Progress.create(ctx)
+        proc = ctx.Process(target=_writer, args=(str(tmp_path), last_step, moment, progress))
         proc.start()
-        time.sleep(rng.uniform(0.02, 0.4))
+        wait_for_moment(moment, progress)
         step, mid_write = _kill_and_check(proc, tmp_path, last_step)
         last_step, killed_mid_write = step, killed_mid_write + mid_write
         # The loader tries the file `latest` names first; with no `latest` yet (a kill between
@@ -101,8 +104,8 @@ def test_sigkill_at_random_moments_never_breaks_latest(tmp_path):
         assert (
             len(list_checkpoints(tmp_path)) <= 3
         )  # the newest 2 (keep) and the one `latest` names
-    assert last_step > 0, "no write ever finished: the trial delays are too short"
-    assert killed_mid_write > 0, "no kill landed inside a write: the test proves nothing"
+    assert last_step > 0, "no write ever finished"
+    assert killed_mid_write >= TRIALS // 2, "a kill held inside a write left no temporary file"
     print(f"{TRIALS} kills, {killed_mid_write} inside a write, last step {last_step}")
 
 

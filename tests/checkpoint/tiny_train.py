@@ -17,7 +17,6 @@ import json
 import os
 import random
 import signal
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +35,7 @@ from kfac_hpc.checkpoint.files import open_h5
 from kfac_hpc.checkpoint.hdf5_tree import write_tree
 from kfac_hpc.runtime import init_distributed
 from kfac_hpc.train.preemption import REQUEUE_EXIT_CODE, PreemptionHandler
+from tests.helpers.rank_checks import main_or_leave
 
 GLOBAL_BATCH = 32
 
@@ -196,4 +196,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main_or_leave(main)

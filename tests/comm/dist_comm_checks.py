@@ -1,12 +1,11 @@
 """Started as N real ranks by tests/comm/test_collectives_mpi.py: runs every multi-rank check of
-kfac_hpc.comm in one job (starting ranks is the slow part) and prints one JSON line per rank:
-{"rank", "world_size", "checks": {name: error message or null}}."""
+kfac_hpc.comm in one job (starting ranks is the slow part) through
+:func:`tests.helpers.rank_checks.run_checks`: one JSON record per rank and check, and the first
+failure on any rank ends the job at once."""
 
 from __future__ import annotations
 
-import json
 import os
-import traceback
 from collections.abc import Callable
 from functools import partial
 
@@ -22,6 +21,7 @@ from kfac_hpc.comm import (
     valid_grad_worker_fractions,
 )
 from kfac_hpc.runtime import init_distributed, shutdown
+from tests.helpers.rank_checks import main_or_leave, run_checks
 
 SHAPES = [(1,), (7,), (3, 5, 7), (64, 64), (1000,), (33, 17), (300, 300), (5,), (2, 2)]
 CAPS_MB = [0.0, 0.0001, 0.004, 0.05, 1.0, 25.0]
@@ -164,7 +164,9 @@ def check_reduce_to_owner_taken_whole() -> None:
 def check_owner_buckets_bounded() -> None:
     """Open owner buckets of all destinations together stay within ``reduce_bucket_cap_mb``
     (a tensor for another owner launches the open one first) and at most
-    ``reduce_in_flight_mb`` of them is in flight; every owner still gets its exact mean."""
+    ``reduce_in_flight_mb`` of them is in flight; every owner still gets its exact mean.
+    How many are in flight also depends on when the asynchronous reductions complete (a
+    finished one is released at the next submit), so only the bound is asserted."""
     size, me = dist.get_world_size(), dist.get_rank()
     cap_mb = 4000 / 2**20  # one 20x20 float64 (3200 bytes) fits, two do not
     reducer = FactorAllreducer(
@@ -175,7 +177,7 @@ def check_owner_buckets_bounded() -> None:
     expected = [plain_mean(t) for t in tensors]
     for i, t in enumerate(tensors):
         reducer.submit(f"t{i}", t, dst=i % size)
-        assert reducer.buckets_in_flight == min(i, 1), (i, reducer.buckets_in_flight)
+        assert reducer.buckets_in_flight <= 1, (i, reducer.buckets_in_flight)
     reducer.wait()
     for i, t in enumerate(tensors):
         want = expected[i] if i % size == me else before[i]
@@ -312,18 +314,20 @@ def main() -> None:
             checks[f"kaisa_flow_f{fraction:g}_colocate{colocate}"] = partial(
                 kaisa_flow, fraction, colocate
             )
-    results: dict[str, str | None] = {}
-    for name, check in checks.items():
-        try:
-            check()
-            results[name] = None
-        except Exception:
-            results[name] = traceback.format_exc(limit=3)
-        dist.barrier()  # a failed check must not leave collectives of others unmatched
-    record = {"rank": ctx.rank, "world_size": dist.get_world_size(), "checks": results}
-    os.write(1, (json.dumps(record) + "\n").encode())  # one write: ranks share stdout
+    if os.environ.get("KFAC_HPC_FAIL_CHECK_ON_RANK"):  # the harness's own test: one rank fails
+        name, rank = os.environ["KFAC_HPC_FAIL_CHECK_ON_RANK"].split("@")
+        checks[name] = partial(fail_on_rank, checks[name], int(rank))
+    run_checks(checks)
     shutdown()
 
 
+def fail_on_rank(check: Callable[[], None], rank: int) -> None:
+    """``check`` with a failure on ``rank`` before its first collective, while the other ranks
+    go on into it: the job must end with the failure reported, not hang."""
+    if dist.get_rank() == rank:
+        raise AssertionError(f"injected failure on rank {rank}")
+    check()
+
+
 if __name__ == "__main__":
-    main()
+    main_or_leave(main)

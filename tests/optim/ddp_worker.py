@@ -14,6 +14,7 @@ from torch import nn
 
 from kfac_hpc.optim import KFACPreconditioner
 from kfac_hpc.runtime import init_distributed, shutdown
+from tests.helpers.rank_checks import main_or_leave
 from tests.optim.helpers import small_cnn
 
 
@@ -40,4 +41,4 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main_or_leave(lambda: main(sys.argv[1]))

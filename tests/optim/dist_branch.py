@@ -13,6 +13,7 @@ from torch import nn
 
 from kfac_hpc.optim import KFACPreconditioner
 from kfac_hpc.runtime import init_distributed, shutdown
+from tests.helpers.rank_checks import main_or_leave
 from tests.optim.helpers import dense_factors
 
 
@@ -71,4 +72,4 @@ def main(out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main_or_leave(lambda: main(Path(sys.argv[1])))

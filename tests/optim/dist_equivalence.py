@@ -21,6 +21,7 @@ from torch import nn
 
 from kfac_hpc.optim import KFACPreconditioner
 from kfac_hpc.runtime import init_distributed, shutdown
+from tests.helpers.rank_checks import main_or_leave
 
 GLOBAL_BATCH = 16
 STEPS = 3
@@ -174,4 +175,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main_or_leave(main)

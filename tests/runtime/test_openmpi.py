@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import VENV_BIN, _must_not_skip, clean_env
+from tests.conftest import VENV_BIN, _must_not_skip
+from tests.helpers.launch import run_bounded, script_env
 
 pytestmark = pytest.mark.mpi
 
@@ -33,7 +33,7 @@ def openmpi_env() -> dict[str, str]:
 def _mpirun(n: int, argv: list[str], env: dict[str, str], timeout: float = 240):
     # --oversubscribe: more ranks than this machine's cores; as root Open MPI needs the flag.
     cmd = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-n", str(n), *argv]
-    return subprocess.run(cmd, env=clean_env(env), capture_output=True, text=True, timeout=timeout)
+    return run_bounded(cmd, env=script_env(env), timeout=timeout)
 
 
 def test_doctor_reports_the_openmpi_launch_on_both_ranks(openmpi_env) -> None:

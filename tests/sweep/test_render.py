@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from kfac_hpc.sweep.profile import load_profile
 from kfac_hpc.sweep.render import load_template, render_array
 from kfac_hpc.sweep.spec import expand_points
 from kfac_hpc.sweep.submit import plan_arrays
+from tests.helpers.waiting import wait_until
 from tests.sweep.helpers import GOLDEN, spec
 
 LAUNCHERS = ("srun", "mpiexec", "mpirun")
@@ -112,6 +112,14 @@ def _stub_env(tmp_path: Path, launcher: str, **extra: str) -> dict[str, str]:
     }
 
 
+def _run(script: Path, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run a rendered script as sbatch would, in ``cwd`` (its relative run and log paths land
+    there, never in the checkout)."""
+    return subprocess.run(
+        ["bash", str(script)], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
 def _script_without_setup(tmp_path: Path, launcher: str, **fields) -> Path:
     text = _render(launcher, **fields).replace("module load", ": module load")
     text = text.replace('source "$HOME/venv/bin/activate"', ": no venv")
@@ -124,7 +132,7 @@ def _script_without_setup(tmp_path: Path, launcher: str, **fields) -> Path:
 def test_script_runs_the_point_with_its_exact_argv(launcher, tmp_path):
     script = _script_without_setup(tmp_path, launcher)
     env = _stub_env(tmp_path, launcher, STUB_EXIT="0")
-    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    out = _run(script, env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     argv = json.loads((tmp_path / "argv.json").read_text())
     tail = argv[argv.index("kfac-hpc") :]
@@ -143,7 +151,7 @@ def test_script_runs_the_point_with_its_exact_argv(launcher, tmp_path):
 def test_exit_75_requeues_the_task(tmp_path):
     script = _script_without_setup(tmp_path, "srun")
     env = _stub_env(tmp_path, "srun", STUB_EXIT="75")
-    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    out = _run(script, env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "requeue 4321" in (tmp_path / "scontrol.log").read_text()
 
@@ -151,7 +159,7 @@ def test_exit_75_requeues_the_task(tmp_path):
 def test_other_exit_codes_pass_through_without_requeue(tmp_path):
     script = _script_without_setup(tmp_path, "srun")
     env = _stub_env(tmp_path, "srun", STUB_EXIT="1")
-    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    out = _run(script, env, cwd=tmp_path)
     assert out.returncode == 1
     assert "requeue" not in (tmp_path / "scontrol.log").read_text()
 
@@ -164,7 +172,7 @@ def test_a_failing_launcher_without_an_end_marker_leaves_an_error_marker(launche
     work.mkdir()
     env = _stub_env(tmp_path, launcher, STUB_EXIT=code)
     out = subprocess.run(
-        ["bash", str(script)], env=env, cwd=work, capture_output=True, text=True, timeout=60
+        ["bash", str(script)], env=env, cwd=work, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == int(code)
     (run_dir,) = (work / "runs").iterdir()
@@ -183,7 +191,7 @@ def test_a_failing_launcher_keeps_the_jobs_own_end_marker(marker, tmp_path):
     (run_dir / marker).write_text("the job's own message\n")
     env = _stub_env(tmp_path, "srun", STUB_EXIT="1")
     out = subprocess.run(
-        ["bash", str(script)], env=env, cwd=work, capture_output=True, text=True, timeout=60
+        ["bash", str(script)], env=env, cwd=work, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 1
     assert (run_dir / marker).read_text() == "the job's own message\n"
@@ -195,16 +203,17 @@ def test_usr2_to_the_batch_shell_reaches_the_launcher_and_requeues(launcher, tmp
     script = _script_without_setup(tmp_path, launcher)
     env = _stub_env(tmp_path, launcher)
     proc = subprocess.Popen(
-        ["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        ["bash", str(script)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
-        for _ in range(200):
-            if (tmp_path / "started").exists():
-                break
-            time.sleep(0.05)
-        assert (tmp_path / "started").exists(), "the stub launcher never started"
+        wait_until((tmp_path / "started").exists, "the stub launcher's start", timeout_s=120)
         proc.send_signal(signal.SIGUSR2)  # what Slurm's --signal=B:USR2 does
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 0, err

@@ -36,6 +36,7 @@ from kfac_hpc.train.methods import MethodSetup, build_method
 from kfac_hpc.train.optimizers import make_optimizer
 from kfac_hpc.train.step import TrainStep
 from kfac_hpc.train.timing import PhaseTimer
+from tests.helpers.rank_checks import main_or_leave
 
 GLOBAL_BATCH = 24
 STEPS = 7  # ESEs at steps 1 and 4; crosses an epoch (4 steps of 24 out of 96 samples)
@@ -152,4 +153,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main_or_leave(main)

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import clean_env, run_mpi
+from tests.helpers.launch import run_bounded, run_mpi, script_env
 
 pytestmark = pytest.mark.mpi
 
@@ -39,15 +39,9 @@ def _load(out: Path, tag: str, world: int) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    import subprocess
-
     out = tmp_path_factory.mktemp("reference")
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(out)],
-        env=clean_env({"MODE": "reference"}),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    proc = run_bounded(
+        [sys.executable, str(SCRIPT), str(out)], env=script_env({"MODE": "reference"}), timeout=240
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return _load(out, "reference", 1)[0]

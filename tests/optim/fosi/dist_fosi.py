@@ -28,6 +28,7 @@ from torch import nn
 from kfac_hpc.checkpoint.hdf5_tree import read_tree, write_tree
 from kfac_hpc.optim.fosi import FOSI
 from kfac_hpc.runtime import init_distributed, shutdown
+from tests.helpers.rank_checks import main_or_leave
 
 GLOBAL_BATCH = 24
 STEPS = 6
@@ -129,4 +130,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main_or_leave(main)

@@ -1,0 +1,1 @@
+"""Code the tests share: the rank side of multi-rank checks and bounded waits on events."""
