@@ -141,8 +141,8 @@ start() {
   local tries=0
   until [ "$(sinfo -h -t idle,mix,alloc -o '%D' 2>/dev/null | awk '{s+=$1} END {print s+0}')" -ge "$nodes" ]; do
     tries=$((tries + 1))
-    if [ "$tries" -gt 60 ]; then
-      log "nodes did not come up within 30 s; see $work/log"
+    if [ "$tries" -gt 240 ]; then  # 16 slurmd on a busy 2-core machine can take a while
+      log "nodes did not come up within 120 s; see $work/log"
       sinfo >&2 || true
       exit 1
     fi

@@ -110,8 +110,11 @@ _status_before: set[str] | None = None
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
+    """Note the checkout's status (``KFAC_HPC_CHECKOUT_CHECK=0`` skips the check: for runs
+    beside other work in the same checkout, such as tools/stress-multirank.sh)."""
     global _status_before
-    _status_before = checkout_status(REPO)
+    if os.environ.get("KFAC_HPC_CHECKOUT_CHECK", "1") != "0":
+        _status_before = checkout_status(REPO)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
