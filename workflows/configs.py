@@ -27,7 +27,14 @@ from parsl.executors import MPIExecutor, ThreadPoolExecutor
 from parsl.launchers import SimpleLauncher
 from parsl.providers import LocalProvider, SlurmProvider
 
-__all__ = ["PilotShape", "local_config", "login_config", "pilot_config"]
+__all__ = [
+    "PilotShape",
+    "local_config",
+    "login_config",
+    "pilot_config",
+    "pilot_provider",
+    "pilot_test_script",
+]
 
 # The strategy's first poll otherwise waits ~5 s before starting the first block.
 _STRATEGY_PERIOD_S = 0.5
@@ -106,10 +113,9 @@ class PilotShape:
     address: str | None
 
 
-def pilot_config(run_dir: Path, shape: PilotShape) -> Config:
-    """MPIExecutor on one SlurmProvider block; ``strategy="none"``: that one block and no
-    other, so a sweep (or a resume) is exactly one allocation."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+def pilot_provider(shape: PilotShape) -> SlurmProvider:
+    """The SlurmProvider of the pilot's one block (its ``scheduler_options`` are the block's
+    ``#SBATCH`` lines after nodes, time and tasks per node, as Parsl writes them)."""
     venv_bin = _venv_on_path()
     options = [
         f"#SBATCH --ntasks-per-node={shape.ranks_per_node}",
@@ -124,26 +130,46 @@ def pilot_config(run_dir: Path, shape: PilotShape) -> Config:
         f"export SLURM_MPI_TYPE={shlex.quote(shape.srun_mpi)}",
         *shape.setup,
     ]
+    return SlurmProvider(
+        nodes_per_block=shape.nodes,
+        init_blocks=1,
+        min_blocks=0,
+        max_blocks=1,
+        walltime=shape.walltime,
+        partition=shape.partition,
+        account=shape.account,
+        qos=shape.qos,
+        constraint=shape.constraint,
+        gpus_per_node=shape.gpus_per_node,
+        scheduler_options="\n".join(options),
+        worker_init="\n".join(worker_init),
+        launcher=SimpleLauncher(),
+    )
+
+
+def pilot_test_script(shape: PilotShape) -> str:
+    """A batch script with the pilot block's ``#SBATCH`` lines (as Parsl's SlurmProvider
+    writes them) that does nothing: for ``sbatch --test-only`` before the sweep starts."""
+    provider = pilot_provider(shape)
+    head = [
+        "#!/bin/bash",
+        f"#SBATCH --nodes={provider.nodes_per_block}",
+        f"#SBATCH --time={shape.walltime}",
+        "#SBATCH --ntasks-per-node=1",
+    ]
+    return "\n".join([*head, provider.scheduler_options, "true", ""])
+
+
+def pilot_config(run_dir: Path, shape: PilotShape) -> Config:
+    """MPIExecutor on one SlurmProvider block; ``strategy="none"``: that one block and no
+    other, so a sweep (or a resume) is exactly one allocation."""
+    run_dir.mkdir(parents=True, exist_ok=True)
     executor = MPIExecutor(
         label="pilot",
         address=shape.address,
         mpi_launcher=shape.launcher,
         max_workers_per_block=shape.workers,
-        provider=SlurmProvider(
-            nodes_per_block=shape.nodes,
-            init_blocks=1,
-            min_blocks=0,
-            max_blocks=1,
-            walltime=shape.walltime,
-            partition=shape.partition,
-            account=shape.account,
-            qos=shape.qos,
-            constraint=shape.constraint,
-            gpus_per_node=shape.gpus_per_node,
-            scheduler_options="\n".join(options),
-            worker_init="\n".join(worker_init),
-            launcher=SimpleLauncher(),
-        ),
+        provider=pilot_provider(shape),
     )
     return Config(
         executors=[executor],

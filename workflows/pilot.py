@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ipaddress
 import math
 import os
 import shlex
@@ -29,13 +30,15 @@ from typing import TYPE_CHECKING, Any
 import parsl
 from parsl.app.app import bash_app
 
+from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.rundir import CONFIG, read_markers
 from kfac_hpc.contracts.states import LIVE, PointState, Verdict, classify_point
 from kfac_hpc.sweep import slurm
 from kfac_hpc.sweep.backends import SweepBackend
 from kfac_hpc.sweep.errors import SweepInputError
-from kfac_hpc.sweep.manifest import Manifest, PointRecord, read_manifest
-from kfac_hpc.workflows.configs import PilotShape, pilot_config
+from kfac_hpc.sweep.manifest import Manifest, PointRecord, locked_manifest, read_manifest
+from kfac_hpc.sweep.safety import slurm_time_seconds
+from kfac_hpc.workflows.configs import PilotShape, pilot_config, pilot_test_script
 from kfac_hpc.workflows.local import finish_point, mark_points, point_command
 
 if TYPE_CHECKING:
@@ -43,8 +46,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ParslSlurmBackend", "pilot_nodes", "pilot_walltime_s", "run_pilot_points"]
 
-# How long the pilot's job id may take to appear after parsl.load (sbatch is synchronous).
-_BLOCK_WAIT_S = 60.0
+# How long the pilot's job id may take to appear after parsl.load (sbatch is synchronous; a
+# failed submission is reported at once, so this bound only matters on a very busy machine).
+_BLOCK_WAIT_S = 300.0
 
 
 @bash_app
@@ -66,16 +70,12 @@ def _pilot_point(
 
 
 def slurm_seconds(value: str) -> int:
-    """Seconds of a Slurm time limit (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``)."""
-    days, _, rest = value.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if days:
-        hours, minutes, seconds = [*parts, 0, 0][:3]
-    elif len(parts) == 3:
-        hours, minutes, seconds = parts
-    else:
-        hours, (minutes, seconds) = 0, [*parts, 0][:2]
-    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+    """Seconds of a Slurm time limit (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``),
+    as the sweep's validation reads it (:func:`~kfac_hpc.sweep.safety.slurm_time_seconds`)."""
+    seconds = slurm_time_seconds(value)
+    if seconds is None:
+        raise SweepInputError("time", f"{value!r} is not a Slurm time limit")
+    return seconds
 
 
 def pilot_nodes(node_counts: Sequence[int], max_concurrent: int | None, limit: int | None) -> int:
@@ -98,18 +98,12 @@ def _hms(seconds: int) -> str:
 
 def pilot_shape(manifest: Manifest, points: Sequence[PointRecord]) -> PilotShape:
     """The block that runs ``points`` of ``manifest`` (its spec and resolved profile)."""
+    from kfac_hpc.sweep.submit import check_partition_fits
+
     spec, profile = manifest.spec, manifest.profile
     counts = [int(p.params["nodes"]) for p in points]
-    partitions = slurm.partition_limits()
-    wanted = profile["partition"]
-    chosen = [p for p in partitions if p.name == wanted or (wanted is None and p.default)]
-    limit = chosen[0].job_nodes if chosen else None
-    if limit is not None and max(counts) > limit:
-        raise SweepInputError(
-            "nodes",
-            f"{max(counts)} node(s) do not fit partition {chosen[0].name}, which holds at most "
-            f"{limit} node(s) per job; lower --nodes",
-        )
+    sbatch_args = (*profile["sbatch_args"], *spec["sbatch_args"])
+    limit = check_partition_fits(max(counts), profile["partition"], sbatch_args)
     concurrent = 1 if spec["serial"] else spec["max_concurrent"]
     nodes = pilot_nodes(counts, concurrent, limit)
     point_s = slurm_seconds(spec["time"] or profile["time"])
@@ -128,9 +122,25 @@ def pilot_shape(manifest: Manifest, points: Sequence[PointRecord]) -> PilotShape
         qos=profile["qos"],
         constraint=profile["constraint"],
         setup=tuple(profile["setup"]),
-        sbatch_args=(*profile["sbatch_args"], *spec["sbatch_args"]),
-        address=os.environ.get("KFAC_HPC_PILOT_ADDRESS") or None,
+        sbatch_args=sbatch_args,
+        address=pilot_address(),
     )
+
+
+def pilot_address() -> str | None:
+    """``KFAC_HPC_PILOT_ADDRESS``: the IP address the pilot's workers reach this process at
+    (None when unset: Parsl tries every address of this host)."""
+    value = os.environ.get("KFAC_HPC_PILOT_ADDRESS") or None
+    if value is not None:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise SweepInputError(
+                "KFAC_HPC_PILOT_ADDRESS",
+                f"{value!r} is not an IP address; set it to an address of this host that the "
+                "nodes reach (e.g. 127.0.0.1), or unset it",
+            ) from None
+    return value
 
 
 def _check_launcher(launcher: str, profile: str) -> None:
@@ -143,13 +153,34 @@ def _check_launcher(launcher: str, profile: str) -> None:
 
 
 def _block_job_id(executor: Any) -> str:
-    """The Slurm job id of the pilot block (Parsl submits it during ``parsl.load``)."""
+    """The Slurm job id of the pilot block (Parsl submits it just after ``parsl.load``);
+    SlurmError with sbatch's reason as soon as Parsl records that the submission failed."""
     deadline = time.monotonic() + _BLOCK_WAIT_S
     while not executor.blocks_to_job_id:
+        for status in list(executor.status_facade.values()):
+            if status.terminal:
+                raise slurm.SlurmError(f"Slurm refused the pilot: {_sbatch_reason(status)}")
         if time.monotonic() > deadline:
             raise slurm.SlurmError("the pilot block was not submitted; see SWEEP_DIR/parsl")
         time.sleep(0.1)
     return str(next(iter(executor.blocks_to_job_id.values())))
+
+
+def _sbatch_reason(status: Any) -> str:
+    """sbatch's own error lines from Parsl's message of a failed submission, on one line."""
+    message = str(status.message or status.state)
+    _, found, stderr = message.partition("stderr=")
+    lines = stderr.splitlines() if found else [message]
+    said = [line.split("error:", 1)[-1].strip() for line in lines if line.strip()]
+    return "; ".join(dict.fromkeys(said))[:400] or message[:400]
+
+
+def _fail_points(sweep_dir: Path, point_ids: Sequence[str], detail: str) -> None:
+    """Record points the pilot never started as failed (``resume`` runs them again)."""
+    with locked_manifest(sweep_dir) as manifest:
+        for point in manifest.points:
+            if point.point_id in point_ids and PointState(point.state) in LIVE:
+                point.state, point.detail = PointState.FAILED.value, detail
 
 
 @contextlib.contextmanager
@@ -175,7 +206,12 @@ def run_pilot_points(sweep_dir: Path, point_ids: Sequence[str] | None = None) ->
     (the allocation is given back then)."""
     manifest = read_manifest(sweep_dir)
     todo = [p for p in manifest.points if point_ids is None or p.point_id in point_ids]
-    shape = pilot_shape(manifest, todo)
+    ids = [p.point_id for p in todo]
+    try:
+        shape = pilot_shape(manifest, todo)
+    except InputError as exc:
+        _fail_points(sweep_dir, ids, f"the pilot was not started: {exc}")
+        raise
     (sweep_dir / "logs").mkdir(exist_ok=True)
     # Ranks leave at slightly different times after a preemption checkpoint (exit 75): srun
     # must not kill the slower ones. (Hydra's mpiexec takes its node list from Parsl alone.)
@@ -186,8 +222,12 @@ def run_pilot_points(sweep_dir: Path, point_ids: Sequence[str] | None = None) ->
     )
     config = pilot_config(sweep_dir / "parsl", shape)
     with _sigterm_unwinds(), parsl.load(config):
-        job_id = _block_job_id(config.executors[0])
-        mark_points(sweep_dir, [p.point_id for p in todo], PointState.SUBMITTED, job_id)
+        try:
+            job_id = _block_job_id(config.executors[0])
+        except slurm.SlurmError as exc:
+            _fail_points(sweep_dir, ids, str(exc))
+            raise
+        mark_points(sweep_dir, ids, PointState.SUBMITTED, job_id)
         # Points go to Parsl only when their nodes are free (first fit, in sweep order):
         # Parsl's own backlog of MPI tasks recurses without end when a finished task frees
         # fewer nodes than the next waiting one needs, and the pilot hangs.
@@ -246,17 +286,32 @@ class ParslSlurmBackend(SweepBackend):
 
     name = "parsl-slurm"
     runs_in_process = True
+    uses_slurm = True
 
     def max_array_size(self) -> int:
         slurm.require_sbatch()
         return slurm.DEFAULT_MAX_ARRAY_SIZE  # no arrays: the groups only name the points
 
+    def preflight(self, prepared: PreparedSweep) -> None:
+        """The array backend's checks of every node count (:func:`~kfac_hpc.sweep.submit.
+        check_arrays_accepted`), then ``sbatch --test-only`` of the pilot block itself: an
+        allocation Slurm can never grant is refused here, not waited for."""
+        from kfac_hpc.sweep.submit import check_accepted, check_arrays_accepted, new_manifest
+
+        _check_launcher(prepared.profile.launcher, prepared.profile.name)
+        pilot_address()
+        if prepared.unchecked:
+            return
+        manifest = new_manifest(prepared)
+        shape = pilot_shape(manifest, manifest.points)  # and the partition holds the points
+        check_arrays_accepted(prepared)
+        what = f"the pilot allocation ({shape.nodes} node(s) for {shape.walltime})"
+        check_accepted(["sbatch"], pilot_test_script(shape), what)
+
     def submit(self, prepared: PreparedSweep) -> Manifest:
         from kfac_hpc.sweep.submit import new_manifest, write_scripts
 
-        _check_launcher(prepared.profile.launcher, prepared.profile.name)
         manifest = new_manifest(prepared)
-        pilot_shape(manifest, manifest.points)  # refuses a sweep the partition cannot hold
         write_scripts(prepared)  # the arrays' scripts: the same sweep by --backend slurm
         manifest.write(prepared.sweep_dir)
         run_pilot_points(prepared.sweep_dir)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter, mul, sub
@@ -32,6 +32,30 @@ def number(value: Any) -> float | None:
     if kind is int:
         return float(value) if -INT64_MAX <= value <= INT64_MAX else None
     return None
+
+
+def wrong_type(value: Any, allowed: tuple[type, ...]) -> bool:
+    """Whether ``value`` (parsed JSON: exact types) is none of the types ``allowed`` (a bool
+    is no number)."""
+    return type(value) not in allowed
+
+
+def wrong_typed(
+    records: list[JSON], types: Mapping[str, tuple[type, ...]], skip: frozenset[str] = frozenset()
+) -> int:
+    """How many of ``records`` hold a value of a field of ``types`` (but ``skip``) that is of
+    none of its types (null and absent values aside): each column's set of types at C speed,
+    record by record only in a column that holds a wrong one."""
+    if not records:
+        return 0
+    names = [name for name in types if name not in skip]
+    bad: set[int] = set()
+    for name, column in zip(names, _columns(records, names), strict=True):
+        allowed = {*types[name], type(None)}
+        if set(map(type, column)) <= allowed:
+            continue
+        bad.update(i for i, value in enumerate(column) if type(value) not in allowed)
+    return len(bad)
 
 
 def float_list(value: Any) -> list[float]:
@@ -195,6 +219,7 @@ class WindowAccumulator:
     def __init__(self) -> None:
         self.stats = WindowStats()
         self._records: list[JSON] = []
+        self.kept: list[JSON] = []  # after finish: the records folded into the stats
 
     def span(self, attempt: int, start: int, end: int, wall: float) -> None:
         """Widen ``attempt``'s step range and last wall time (windows and evals both count)."""
@@ -219,6 +244,7 @@ class WindowAccumulator:
             records = _valid(records)
             column = dict(zip(_FIELDS, _columns(records, _FIELDS), strict=True))
             numeric = [_numbers(column[k]) for k in ("step", "wall_s", "step_s")]
+        self.kept = records
         steps_col, wall, step_s = (c or [] for c in numeric)
         step = list(map(int, steps_col))
         window, beyond_w = _ints_at_least(column["window_steps"], 1)

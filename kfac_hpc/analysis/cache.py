@@ -37,7 +37,7 @@ CACHE_FOLDER = "collect"
 # appended in place, and the JSON files are watched too in case one is edited where it lies.
 WATCHED = ("", CONFIG, METRICS, RUN)
 # Part of every cache file's first line: files of another version or byte order never match.
-_HEADER = f"collect-cache 5 kfac-hpc {__version__} {sys.byteorder}"
+_HEADER = f"collect-cache 7 kfac-hpc {__version__} {sys.byteorder}"
 _ARRAYS = ("step_s", "wall_s", "loss")
 _STDLIB = "="  # marks a payload for the standard library's parser
 _INT_KEYED = ("compute_by_attempt", "spans")

@@ -6,6 +6,7 @@ hold nothing to draw (e.g. no finished run).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,12 +19,12 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
 
 from kfac_hpc.analysis import schema
-from kfac_hpc.analysis.humanize import sig3, time_unit
+from kfac_hpc.analysis.humanize import axis_number, sig3, time_unit
+from kfac_hpc.analysis.labels import optimizer_name, people_labels
 from kfac_hpc.analysis.rundir import RunData
-from kfac_hpc.analysis.summary import short_labels
 
 Row = dict[str, Any]
 DPI = 110
@@ -66,7 +67,7 @@ def _lines_with_bands(
     """One line per group of ``column`` vs nodes with its min-max band; returns every node count
     plotted. A missing band edge falls back to the line's value."""
     all_nodes: list[float] = []
-    labels = short_labels(list(groups))
+    labels = people_labels(list(groups))
     for group, cells in groups.items():
         nodes = [c["nodes"] for c in cells]
         all_nodes += nodes
@@ -102,12 +103,38 @@ def _scaling_plot(
             nodes = sorted({n for n in all_nodes if n >= n0})
             ax.plot(nodes, [n / n0 for n in nodes], "--", color="grey", label=f"ideal n/{n0:g}")
     _log2_nodes(ax, all_nodes)
-    ax.set_yscale("log", base=2)
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    _plain_log_axis(ax)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     _legend(ax)
     return _save(fig, path)
+
+
+def plain_ticks(low: float, high: float) -> list[float]:
+    """Round tick values between ``low`` and ``high`` (both > 0) for a log axis: 1-2-5 steps
+    of every decade the range covers when it spans more than one (``100``, ``200``, ``500``,
+    ``1k``), else evenly spaced round numbers (``4k``, ``6k``, ``8k``)."""
+    if high / low > 10:
+        ticks = [
+            m * 10.0**k
+            for k in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+            for m in (1, 2, 5)
+        ]
+    else:
+        ticks = list(MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]).tick_values(low, high))
+    inside = [t for t in ticks if low <= t <= high and t > 0]
+    return inside if len(inside) >= 2 else [low, high]
+
+
+def _plain_log_axis(ax: Axes) -> None:
+    """A log y axis whose ticks are round numbers written plainly (``2k``, ``4k``, ``6k``;
+    ``0.5``, ``1``, ``1.5``): no powers of two (``65536``), no powers of ten (``10^4``)."""
+    ax.set_yscale("log")
+    ax.autoscale_view()
+    low, high = ax.get_ylim()
+    ax.yaxis.set_major_locator(FixedLocator(plain_ticks(low, high)))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: axis_number(value)))
 
 
 def throughput_plot(scaling: list[Row], path: Path) -> Path | None:
@@ -152,11 +179,8 @@ def phase_bars(scaling: list[Row], path: Path) -> Path | None:
     if not cells:
         return None
     cells.sort(key=lambda r: (r["first_order_group"] or "", r["nodes"], r["optimizer_label"]))
-    many = len({c["first_order_group"] for c in cells}) > 1
-    labels = [
-        f"n={c['nodes']:g}\n{c['optimizer_label']}" + (f"\n{c['group'][:24]}" if many else "")
-        for c in cells
-    ]
+    words = people_labels(sorted({str(c["group"]) for c in cells}))
+    labels = [f"{words[str(c['group'])][:28]}\n{_nodes_text(c['nodes'])}" for c in cells]
     unit, scale = time_unit(  # the unit of the bars' heights
         sum(c.get(f"phase_{p}_s_median") or 0.0 for p in schema.PHASES) for c in cells
     )
@@ -180,46 +204,62 @@ def phase_bars(scaling: list[Row], path: Path) -> Path | None:
 
 
 def curves_plot(runs: list[RunData], rows: list[Row], path: Path) -> Path | None:
-    """Training loss and eval accuracy vs wall time, one line per run: a colour per
-    configuration, a line style per node count (the legend lists each once)."""
+    """Training loss and test accuracy vs running time, one line per run: a colour per
+    configuration, a line style per node count (the legend, under both plots, lists each
+    once). Drawn to span the report's width, its text at the size of the page's."""
     if not any(run.stats.windows or run.evals for run in runs):
         return None
-    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4.4))
+    with plt.rc_context({"font.size": 12}):
+        return _curves(runs, rows, path)
+
+
+def _curves(runs: list[RunData], rows: list[Row], path: Path) -> Path:
+    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(13, 5.2))
     cycle = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]
     styles = ["-", "--", ":", "-."]
-    labels = short_labels(sorted({str(r["group"]) for r in rows}))
+    labels = people_labels(sorted({str(r["group"]) for r in rows}))
     colors = {g: cycle[i % len(cycle)] for i, g in enumerate(labels)}
     node_counts = sorted({r["nodes"] for r in rows if isinstance(r["nodes"], int | float)})
     style_of: dict[Any, Any] = {n: styles[i % len(styles)] for i, n in enumerate(node_counts)}
     for run, row in zip(runs, rows, strict=True):
-        color, style = colors[str(row["group"])], style_of.get(row["nodes"], "-")
+        nodes = row["nodes"] if isinstance(row["nodes"], int | float) else None
+        color, style = colors[str(row["group"])], style_of.get(nodes, "-")
         stats = run.stats
         losses = [(t, v) for t, v in zip(stats.wall_s, stats.loss, strict=True) if v == v]
         if losses:
-            loss_ax.plot(*zip(*losses, strict=True), style, color=color, lw=1)
+            loss_ax.plot(*zip(*losses, strict=True), style, color=color, lw=2)
         accs = [(e.wall_s, e.accuracy) for e in run.evals if e.accuracy is not None]
         if accs:
-            acc_ax.plot(*zip(*accs, strict=True), style, color=color, lw=1, marker=".")
-    for ax, name in ((loss_ax, "training loss"), (acc_ax, "eval accuracy (fraction)")):
-        ax.set_xlabel("wall time (s, running time)")
+            acc_ax.plot(*zip(*accs, strict=True), style, color=color, lw=2, marker="o", ms=4)
+    for ax, name in ((loss_ax, "training loss"), (acc_ax, "test accuracy (fraction)")):
+        ax.set_xlabel("running time (s)")
         ax.set_ylabel(name)
+        ax.set_title(f"{name[:1].upper()}{name[1:].split(' (')[0]} vs running time")
         ax.grid(True, alpha=0.3)
+        ax.set_xlim(left=0)
     targets = {r["target_accuracy"] for r in rows if r["target_accuracy"] is not None}
     for target in targets:
-        acc_ax.axhline(target, color="grey", linestyle=":", lw=1)
-    handles = [Line2D([], [], color=colors[g], label=labels[g]) for g in labels]
+        acc_ax.axhline(target, color="grey", linestyle=":", lw=1.5)
+    handles = [Line2D([], [], color=colors[g], lw=2, label=labels[g]) for g in labels]
     if len(node_counts) > 1:
         handles += [
-            Line2D([], [], color="black", linestyle=style_of[n], label=f"{n:g} node(s)")
+            Line2D([], [], color="black", lw=2, linestyle=style_of[n], label=_nodes_text(n))
             for n in node_counts
         ]
     if targets:
         handles.append(Line2D([], [], color="grey", linestyle=":", label="target accuracy"))
-    acc_ax.legend(  # right of the plots, where it covers no curve
-        handles=handles, fontsize="x-small", loc="upper left", bbox_to_anchor=(1.02, 1)
+    fig.legend(  # under both plots, where it covers no curve
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=min(4, len(handles)),
+        frameon=False,
     )
-    fig.suptitle("Convergence vs wall time")
     return _save(fig, path)
+
+
+def _nodes_text(n: float) -> str:
+    return f"{n:g} node" + ("" if n == 1 else "s")
 
 
 def step_time_plot(runs: list[RunData], rows: list[Row], path: Path) -> Path | None:
@@ -233,7 +273,8 @@ def step_time_plot(runs: list[RunData], rows: list[Row], path: Path) -> Path | N
         return None
     fig, ax = plt.subplots(figsize=(max(6.4, 0.8 * len(keys) + 2), 4.4))
     ax.boxplot([samples[k] for k in keys], whis=(5, 95), showfliers=True)
-    ax.set_xticks(range(1, len(keys) + 1), [f"n={n:g}\n{o}" for n, o in keys], fontsize="x-small")
+    names = [f"{optimizer_name(o)}\n{_nodes_text(n)}" for n, o in keys]
+    ax.set_xticks(range(1, len(keys) + 1), names, fontsize="small")
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: sig3(value * 1e3)))
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: sig3(value * 1e3)))

@@ -3,6 +3,12 @@
 A run directory may be complete, still running, preempted, failed, truncated or corrupt; the
 reader never raises for what it finds on disk. It returns a :class:`RunData` whose ``state`` and
 ``reason`` say what happened and whose ``notes`` list every file problem it worked around.
+
+A value of the wrong type (a list where run.json, config.json or the manifest's parameters
+hold a node count, a string where a record holds a number) is dropped with a note. A run whose
+markers say done is ``invalid`` ("damaged: ...") when anything it is judged by is damaged: such
+a value, an unreadable config.json, or a metrics.jsonl that is missing, empty, cut short or
+holds a malformed record. It is never counted as finished.
 """
 
 from __future__ import annotations
@@ -18,9 +24,17 @@ from typing import Any
 import orjson
 
 from kfac_hpc.analysis import schema
-from kfac_hpc.analysis.aggregate import INT64_MAX, WindowAccumulator, WindowStats, number
+from kfac_hpc.analysis.aggregate import (
+    INT64_MAX,
+    WindowAccumulator,
+    WindowStats,
+    number,
+    wrong_type,
+    wrong_typed,
+)
 from kfac_hpc.analysis.run_state import row_state
-from kfac_hpc.contracts.records import EVAL, RUN_FIELDS, TRAIN
+from kfac_hpc.contracts.options import OPTIONS
+from kfac_hpc.contracts.records import EVAL, EVAL_FIELDS, RUN_FIELDS, TRAIN, TRAIN_FIELDS
 from kfac_hpc.contracts.rundir import CONFIG, METRICS, RUN, Marker, read_markers
 from kfac_hpc.contracts.states import ENDED_BADLY, PointState
 
@@ -123,6 +137,83 @@ def _bad_value(value: Any, kind: Any) -> bool:
     if type(value) is float and int in kinds and float not in kinds:
         return not (value.is_integer() and -INT64_MAX <= value <= INT64_MAX)
     return False
+
+
+def _types(kind: Any) -> tuple[type, ...]:
+    """The JSON types a value of the contract's ``kind`` may have (an int is a float too)."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    out: list[type] = []
+    for k in kinds:
+        out += [t for t in ((int, float) if k in (int, float) else (k,)) if t not in out]
+    return tuple(out)
+
+
+_OPTION_TYPES: dict[str, tuple[type, ...]] = {
+    "bool": (bool,),
+    "int": (int, float),
+    "float": (int, float),
+    "str": (str,),
+    "strs": (list, str),
+    "ints": (list, str),
+}
+# run.json's fields (docs/contracts.md), and what config.json and the manifest's parameters
+# hold: the job's options and the facts of the run (a node count, a repeat).
+RUN_TYPES: dict[str, tuple[type, ...]] = {k: _types(v) for k, v in RUN_FIELDS.items()}
+RUN_TYPES["skipped_checkpoints"] = (list,)
+PARAM_TYPES: dict[str, tuple[type, ...]] = {
+    **RUN_TYPES,
+    **{name: _OPTION_TYPES[option.kind] for name, option in OPTIONS.items()},
+    "grad_worker_fraction": (str, int, float),  # a name (comm-opt) or the fraction it means
+    "repeat": (int, float),
+}
+TRAIN_TYPES = {k: _types(v) for k, v in TRAIN_FIELDS.items()}
+# Per-rank arrays the reader cut (:func:`_without_rank_arrays`) read as 0.
+_TRAIN_TYPES_CUT = {**TRAIN_TYPES, "rank_step_s": (list, int), "rank_phases_s": (dict, int)}
+EVAL_TYPES = {k: _types(v) for k, v in EVAL_FIELDS.items()}
+_NUMBER = (int, float)
+
+
+def _numbers_in(value: Any, *, nulls: bool = False) -> bool:
+    values = value.values() if isinstance(value, dict) else value
+    return all((v is None and nulls) or not wrong_type(v, _NUMBER) for v in values)
+
+
+# What run.json's containers must hold (the tables read into them).
+_NESTED: dict[str, Any] = {
+    "step_s": lambda v: _numbers_in(v, nulls=True),
+    "phases_s": _numbers_in,
+    "samples_per_s_per_rank": _numbers_in,
+    "rank_phases_s": lambda v: all(isinstance(x, list) and _numbers_in(x) for x in v.values()),
+    "attempts": lambda v: all(isinstance(x, dict) for x in v),
+}
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def drop_wrong_types(
+    obj: JSON, where: str, types: dict[str, tuple[type, ...]], notes: list[str]
+) -> list[str]:
+    """Remove from ``obj`` (in place) each value of a known key whose type is wrong, each with
+    a note; returns those notes (what makes a finished run damaged). null is absence."""
+    problems = []
+    for key, value in list(obj.items()):
+        allowed = types.get(key)
+        if allowed is None or value is None:
+            continue
+        nested = _NESTED.get(key) if types is RUN_TYPES else None
+        if wrong_type(value, allowed):
+            kinds = " or ".join(t.__name__ for t in allowed)
+            problem = f"{key} = {str(value)[:40]} is {_type_name(value)}, not {kinds}"
+        elif nested is not None and not nested(value):
+            problem = f"{key} = {str(value)[:40]} holds values of the wrong type"
+        else:
+            continue
+        del obj[key]
+        problems.append(f"{where}: {problem} (ignored)")
+    notes.extend(problems)
+    return problems
 
 
 def _drop_bad_values(obj: JSON, where: str, notes: list[str]) -> None:
@@ -238,20 +329,26 @@ def _parse_one(line: str) -> JSON | None:
     return obj
 
 
-def read_metrics(path: Path, run: RunData, *, rank_arrays: bool = True) -> None:
+def read_metrics(path: Path, run: RunData, *, rank_arrays: bool = True) -> list[str]:
     """Fold metrics.jsonl into ``run.stats`` and ``run.evals``; bad lines become notes.
 
     A last line without its newline is a record being written (or cut by a crash): kept when
-    it parses, else skipped with a note. Any other bad line is skipped and counted.
-    ``rank_arrays=False`` skips the per-rank arrays of train records.
+    it parses, else skipped with a note. Any other bad line is skipped and counted; a train
+    record with a value of the wrong type is counted apart (its other values are used), an
+    eval record with one is skipped. ``rank_arrays=False`` skips the per-rank arrays of train
+    records. Returns the file's problems: what makes a finished run damaged (a missing or
+    empty file among them, which are no note: a run that just started has none yet).
     """
     try:
         raw = path.read_bytes() if rank_arrays else _read_without_rank_arrays(path)
     except FileNotFoundError:
-        return
+        return ["metrics.jsonl: missing"]
     except OSError as exc:
         run.notes.append(f"metrics.jsonl: unreadable ({exc})")
-        return
+        return run.notes[-1:]
+    if not raw.strip():
+        return ["metrics.jsonl: empty"]
+    problems: list[str] = []
     body, newline, tail = raw.rpartition(b"\n")
     if not newline:
         body, tail = b"", raw
@@ -273,21 +370,30 @@ def read_metrics(path: Path, run: RunData, *, rank_arrays: bool = True) -> None:
             bad += 1
             continue
         kind = obj.get("kind")
-        if kind == TRAIN:
+        if type(kind) is not str:  # other kinds are the job's business; no kind is damage
+            bad += 1
+        elif kind == TRAIN:
             acc.add(obj)
         elif kind == EVAL:
-            point = _eval(obj)
+            point = None if wrong_typed([obj], EVAL_TYPES) else _eval(obj)
             bad += point is None
             if point is not None:
                 run.evals.append(point)
                 acc.span(point.attempt, point.step, point.step, point.wall_s)
         # other kinds (events, config echoes) are the job's business
     run.stats, skipped = acc.finish()
+    mistyped = wrong_typed(acc.kept, TRAIN_TYPES if rank_arrays else _TRAIN_TYPES_CUT)
     bad += skipped - truncated  # the cut last line is counted apart
     if truncated:
-        run.notes.append("metrics.jsonl: last line truncated (skipped)")
+        problems.append("metrics.jsonl: last line truncated (skipped)")
     if bad:
-        run.notes.append(f"metrics.jsonl: {bad} malformed record(s) skipped")
+        problems.append(f"metrics.jsonl: {bad} malformed record(s) skipped")
+    if mistyped:
+        problems.append(f"metrics.jsonl: {mistyped} record(s) with a value of the wrong type")
+    run.notes.extend(problems)
+    if not (problems or run.stats.windows or run.evals):
+        problems.append("metrics.jsonl: no train or eval record")
+    return problems
 
 
 def _segments_from_summary(run: RunData) -> list[Segment]:
@@ -341,24 +447,48 @@ def _segments_from_records(run: RunData, last_end: str) -> list[Segment]:
 
 
 def new_run(path: Path, point: JSON | None) -> RunData:
-    """An empty :class:`RunData` of ``path`` with what its manifest ``point`` says."""
+    """An empty :class:`RunData` of ``path`` with what its manifest ``point`` says; its
+    ``notes`` hold the parameters refused for their type (nothing else has been read yet)."""
     point = point or {}
-    params = point.get("params") if isinstance(point.get("params"), dict) else {}
+    raw = point.get("params")
+    params = dict(raw) if isinstance(raw, dict) else {}
+    notes: list[str] = []
+    if raw is not None and not isinstance(raw, dict):
+        notes.append(f"manifest: params is {_type_name(raw)}, not an object (ignored)")
+    drop_wrong_types(params, "manifest: params", PARAM_TYPES, notes)
     point_id = point.get("point_id")
     return RunData(
         path=path,
         run_id=str(point_id or path.name),
         state=schema.INCOMPLETE,
         point_id=None if point_id is None else str(point_id),
-        params=dict(params or {}),
+        params=params,
         manifest=point,
+        notes=notes,
     )
+
+
+# The job id of a point the local backend ran (sweep/manifest.py): every rank on this host.
+LOCAL_JOB_ID = "local"
+
+
+def _asked(run: RunData, key: str) -> Any:
+    """What the point's launch asked for ``key``: the manifest's parameter, except the ranks
+    per node of a local point, which the local backend starts all on this host (its nodes
+    emulated): ``nodes x ranks_per_node`` of them."""
+    asked = run.params.get(key)
+    nodes = run.params.get("nodes")
+    local = run.manifest.get("job_id") == LOCAL_JOB_ID
+    if key == "ranks_per_node" and local and type(asked) is int and type(nodes) is int:
+        return asked * nodes
+    return asked
 
 
 def read_run_dir(path: Path, point: JSON | None = None) -> RunData:
     """Read ``path`` (and its manifest ``point``, if any) into a :class:`RunData`; never raises."""
     point = point or {}
     run = new_run(path, point)
+    damage = list(run.notes)  # what a finished run cannot be counted with
     if not path.is_dir():
         job_state = str(point.get("state") or "")
         if job_state in (PointState.PENDING, PointState.SUBMITTED, ""):
@@ -377,20 +507,24 @@ def read_run_dir(path: Path, point: JSON | None = None) -> RunData:
             setattr(run, target, _read_json(path / name) or {})
         except FileProblem as exc:
             run.notes.append(str(exc))
+            damage.append(str(exc))  # run.json's is judged by row_state already
+        types = RUN_TYPES if name == RUN else PARAM_TYPES
+        damage += drop_wrong_types(getattr(run, target), name, types, run.notes)
         _drop_bad_values(getattr(run, target), name, run.notes)
     markers = read_markers(path)
     # A finished run's summary holds the per-rank figures; the records' arrays are not needed.
     finished = markers.done is not None and run.summary.get("state") == str(Marker.DONE)
     per_rank = all(key in run.summary for key in ("rank_phases_s", "samples_per_s_per_rank"))
-    read_metrics(path / METRICS, run, rank_arrays=not (finished and per_rank))
+    damage += read_metrics(path / METRICS, run, rank_arrays=not (finished and per_rank))
     _drop_bad_steps(run)
     run.state, run.reason = row_state(markers, run.summary, run.manifest)
+    if run.state == schema.DONE and damage:
+        run.state, run.reason = schema.INVALID, "damaged: " + "; ".join(damage)
     if run.state == schema.DONE and not run.config:
         run.notes.append("config.json missing: parameters taken from run.json")
     for key in ("nodes", "ranks_per_node", "world_size"):
-        asked, seen = run.params.get(key), run.summary.get(key)
+        asked, seen = _asked(run, key), run.summary.get(key)
         if asked is not None and seen is not None and asked != seen:
-            # e.g. a local sweep emulating nodes with ranks on one host
             run.notes.append(f"{key}: the sweep asked for {asked}, the job saw {seen}")
     if isinstance(run.summary.get("run_id"), str) and not run.point_id:
         run.run_id = run.summary["run_id"]

@@ -10,6 +10,8 @@ docs/checkpoint.md.
 from kfac_hpc.checkpoint.async_writer import AsyncCheckpointWriter
 from kfac_hpc.checkpoint.manager import (
     CheckpointManager,
+    SkippedCheckpoint,
+    find_checkpoint,
     init_factors_from,
     load_checkpoint,
     read_checkpoint,
@@ -36,9 +38,11 @@ __all__ = [
     "DataPosition",
     "LoadedCheckpoint",
     "RestoredState",
+    "SkippedCheckpoint",
     "TrainingState",
     "capture_training_state",
     "check_restorable",
+    "find_checkpoint",
     "init_factors_from",
     "load_checkpoint",
     "read_checkpoint",

@@ -14,15 +14,18 @@ from __future__ import annotations
 import io
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import h5py
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from kfac_hpc.checkpoint.files import (
     checkpoint_name,
+    checkpoint_step,
     list_checkpoints,
     open_h5,
     prune,
@@ -32,8 +35,9 @@ from kfac_hpc.checkpoint.files import (
     write_latest,
 )
 from kfac_hpc.checkpoint.hdf5_tree import read_tree, write_tree
+from kfac_hpc.checkpoint.integrity import INTEGRITY, integrity_digest
 from kfac_hpc.checkpoint.training_state import (
-    SCHEMA_VERSION,
+    READABLE_SCHEMAS,
     CheckpointError,
     CheckpointMismatchError,
     LoadedCheckpoint,
@@ -44,11 +48,66 @@ from kfac_hpc.checkpoint.training_state import (
 )
 from kfac_hpc.method_state import Checkpointable
 
-__all__ = ["CheckpointManager", "init_factors_from", "load_checkpoint", "read_checkpoint"]
+__all__ = [
+    "CheckpointManager",
+    "SkippedCheckpoint",
+    "find_checkpoint",
+    "init_factors_from",
+    "load_checkpoint",
+    "read_checkpoint",
+    "resume_candidates",
+]
+
+
+@dataclass(frozen=True)
+class SkippedCheckpoint:
+    """A checkpoint file a resume passed over, and why (``reason`` does not repeat the path)."""
+
+    path: Path
+    reason: str
+
+    @classmethod
+    def of(cls, path: Path, error: CheckpointError) -> SkippedCheckpoint:
+        text, prefix = str(error), f"{path}: "
+        return cls(path, text[len(prefix) :] if text.startswith(prefix) else text)
+
+    def record(self) -> dict[str, str]:
+        """The entry of ``run.json``'s ``skipped_checkpoints``."""
+        return {"file": self.path.name, "reason": self.reason}
+
+
+def _warn(skipped: SkippedCheckpoint) -> None:
+    warnings.warn(f"skipping checkpoint: {skipped.path}: {skipped.reason}", stacklevel=3)
+
+
+def _check_integrity(path: Path, tree: Mapping[str, Any], version: int) -> None:
+    """CheckpointError unless the file's integrity record matches the tree read from it (a
+    file of schema 1 predates the record and is read without it)."""
+    stored = tree.get(INTEGRITY)
+    if stored is None:
+        if version >= 2:
+            raise CheckpointError(
+                f"{path}: no integrity record (a schema {version} file carries one): "
+                "altered after it was written"
+            )
+        return
+    if stored != integrity_digest(tree):
+        raise CheckpointError(
+            f"{path}: integrity checksum mismatch: an attribute (step, world size, data "
+            "position, config hash, schema, ...) or a dataset was changed, added or deleted "
+            "after the file was written"
+        )
 
 
 def read_checkpoint(path: Path, locking: bool | str | None = None) -> LoadedCheckpoint:
-    """Read and verify one checkpoint file; :class:`CheckpointError` says what is wrong."""
+    """Read and verify one checkpoint file; :class:`CheckpointError` says what is wrong.
+
+    The one check of a file: a resume runs it on every candidate and ``kfac-hpc checkpoint
+    verify`` runs it on the file it is given. The file must be complete, of a known schema,
+    every dataset's Fletcher-32 checksum must verify (the whole file is read), it must hold
+    every entry a resume reads, its integrity record must match its attributes and structure,
+    and a ``ckpt-<step>.h5`` name must agree with its ``step`` attribute.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
@@ -57,20 +116,27 @@ def read_checkpoint(path: Path, locking: bool | str | None = None) -> LoadedChec
             if not bool(h5.attrs.get("complete", False)):
                 raise CheckpointError(f"{path}: incomplete (the writer did not finish)")
             version = int(h5.attrs.get("schema_version", -1))
-            if version != SCHEMA_VERSION:
+            if version not in READABLE_SCHEMAS:
+                known = ", ".join(map(str, READABLE_SCHEMAS))
                 raise CheckpointError(
-                    f"{path}: schema version {version}, this kfac-hpc reads {SCHEMA_VERSION}"
+                    f"{path}: schema version {version}, this kfac-hpc reads {known}"
                 )
             tree = read_tree(h5)
         check_schema(path, tree)
+        _check_integrity(path, tree, version)
     except CheckpointError:
         raise
     except Exception as exc:  # a damaged file can make h5py fail in many ways; all mean corrupt
         raise CheckpointError(f"{path}: corrupt or unreadable ({exc})") from exc
+    named = checkpoint_step(path)
+    if named is not None and named != tree["step"]:
+        raise CheckpointError(
+            f"{path}: its step attribute says {tree['step']}, its name says {named}"
+        )
     return LoadedCheckpoint(path, tree)
 
 
-def _candidates(directory: Path) -> list[Path]:
+def resume_candidates(directory: Path) -> list[Path]:
     """Checkpoints to try, best first: the one ``latest`` names, then the others newest first."""
     files = list_checkpoints(directory)
     latest = read_latest(directory)
@@ -80,34 +146,50 @@ def _candidates(directory: Path) -> list[Path]:
     return files
 
 
-def load_checkpoint(path: Path | str, locking: bool | str | None = None) -> LoadedCheckpoint:
-    """Load a checkpoint file, or the latest good one of a run dir / checkpoints dir."""
+def checkpoint_directory(path: Path) -> Path:
+    """The folder of checkpoints ``path`` means: a run dir's ``checkpoints/``, else itself."""
+    return path / "checkpoints" if (path / "checkpoints").is_dir() else path
+
+
+def load_checkpoint(
+    path: Path | str,
+    locking: bool | str | None = None,
+    on_skip: Callable[[SkippedCheckpoint], None] | None = None,
+) -> LoadedCheckpoint:
+    """Load a checkpoint file, or the latest good one of a run dir / checkpoints dir (the files
+    passed over go to ``on_skip``; default: a warning)."""
     path = Path(path)
     if path.is_dir():
-        directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-        found = _first_good(_candidates(directory), locking)
+        found, skipped = find_checkpoint(checkpoint_directory(path), locking)
+        for item in skipped:
+            (on_skip or _warn)(item)
         if found is None:
             raise CheckpointError(f"{path}: no complete, valid checkpoint found")
         return found
     return read_checkpoint(path, locking)
 
 
-def _first_good(
-    candidates: list[Path],
-    locking: bool | str | None,
+def find_checkpoint(
+    directory: Path,
+    locking: bool | str | None = None,
     accept: Callable[[LoadedCheckpoint], object] | None = None,
-) -> LoadedCheckpoint | None:
-    """The first candidate that reads, verifies and (``accept`` raising CheckpointError when
-    not) fits; the others are skipped with a warning."""
-    for candidate in candidates:
+) -> tuple[LoadedCheckpoint | None, list[SkippedCheckpoint]]:
+    """The checkpoint a resume of ``directory`` takes, and the files it passed over on the way.
+
+    Candidates are the file ``latest`` names, then every other ``ckpt-*.h5`` newest first; the
+    first one that :func:`read_checkpoint` verifies and ``accept`` (raising CheckpointError
+    when not) takes is used. ``kfac-hpc checkpoint verify RUN_DIR`` asks the same.
+    """
+    skipped: list[SkippedCheckpoint] = []
+    for candidate in resume_candidates(directory):
         try:
             found = read_checkpoint(candidate, locking)
             if accept is not None:
                 accept(found)
-            return found
+            return found, skipped
         except CheckpointError as exc:
-            warnings.warn(f"skipping checkpoint: {exc}", stacklevel=3)
-    return None
+            skipped.append(SkippedCheckpoint.of(candidate, exc))
+    return None, skipped
 
 
 def init_factors_from(
@@ -253,11 +335,14 @@ class CheckpointManager:
             return
 
         def fill(h5: h5py.File) -> None:
+            ranks_tree = {str(r): tree for r, tree in sorted(per_rank.items())}
             write_tree(h5, state.shared, compression=self.compression)
-            ranks = h5.create_group("ranks", track_order=True)
-            write_tree(ranks, {str(r): tree for r, tree in sorted(per_rank.items())})
+            write_tree(h5.create_group("ranks", track_order=True), ranks_tree)
             if check is not None:
                 check()
+            # what read_tree gives back of this file: the record a reader recomputes
+            digest = integrity_digest({**state.shared, "ranks": ranks_tree}).encode("utf-8")
+            h5.attrs[INTEGRITY] = np.array(digest, dtype=h5py.string_dtype("utf-8", len(digest)))
 
         write_atomic_h5(path, fill, self.locking)
         write_latest(self.directory, path.name)
@@ -268,15 +353,20 @@ class CheckpointManager:
         return list_checkpoints(self.directory)
 
     def load_latest(
-        self, accept: Callable[[LoadedCheckpoint], object] | None = None
+        self,
+        accept: Callable[[LoadedCheckpoint], object] | None = None,
+        on_skip: Callable[[SkippedCheckpoint], None] | None = None,
     ) -> LoadedCheckpoint | None:
         """The newest complete, valid checkpoint (None if there is none); collective if P > 1.
 
         Incomplete, corrupt or (``accept`` raising CheckpointError) unfitting files are
-        skipped with a warning. With several ranks, all agree on the smallest step any rank
-        could read, so they resume together.
+        skipped (:func:`find_checkpoint`), each handed to ``on_skip`` (default: a warning).
+        With several ranks, all agree on the smallest step any rank could read, so they resume
+        together.
         """
-        found = _first_good(_candidates(self.directory), self.locking, accept)
+        found, skipped = find_checkpoint(self.directory, self.locking, accept)
+        for item in skipped:
+            (on_skip or _warn)(item)
         if not self._distributed:
             return found
         step = torch.tensor([found.step if found else -1], dtype=torch.int64)

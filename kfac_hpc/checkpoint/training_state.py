@@ -33,6 +33,7 @@ from kfac_hpc import __version__
 from kfac_hpc.method_state import Checkpointable, SavedState, UnitShapes
 
 __all__ = [
+    "READABLE_SCHEMAS",
     "SCHEMA_VERSION",
     "CheckpointError",
     "CheckpointMismatchError",
@@ -48,7 +49,9 @@ __all__ = [
     "saved_method_state",
 ]
 
-SCHEMA_VERSION = 1
+# 2: the file carries an integrity record (checkpoint/integrity.py); 1 (before it) still loads.
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)
 
 
 class CheckpointError(RuntimeError):

@@ -15,6 +15,7 @@ from kfac_hpc.contracts.phases import COMM_PHASES, KFAC_PHASES, PHASES
 from kfac_hpc.contracts.records import HostMemory, validate_run_dir
 from kfac_hpc.contracts.rundir import SCHEMA_VERSION, Marker, Markers, RunDir, write_json_atomic
 from kfac_hpc.contracts.states import LIVE, RESUMABLE, TERMINAL, PointState, Verdict
+from kfac_hpc.contracts.textfile import read_user_text
 
 __all__ = [
     "COMM_PHASES",
@@ -36,6 +37,7 @@ __all__ = [
     "RunDir",
     "Verdict",
     "parse_grad_worker_fraction",
+    "read_user_text",
     "validate_run_dir",
     "write_json_atomic",
 ]

@@ -12,7 +12,16 @@ from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.grad_workers import check_grad_worker_fraction
 from kfac_hpc.contracts.options import Option
 
-__all__ = ["FLOAT_MAX", "INT_MAX", "check_value", "coerce_value", "expand_aliases", "range_problem"]
+__all__ = [
+    "FLOAT_MAX",
+    "INT_MAX",
+    "check_value",
+    "coerce_value",
+    "expand_aliases",
+    "range_problem",
+    "valid_range",
+    "validity_problem",
+]
 
 # The largest value of an integer option without its own ``maximum`` (32-bit signed: steps,
 # sizes and counts are stored in int32/int64 tensors and HDF5 attributes).
@@ -27,6 +36,7 @@ _RANGES = {
     "nonnegative": (lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0"),
     "decay": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "fraction": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "at_least_one": (lambda v: math.isfinite(v) and v >= 1, "a finite number >= 1"),
 }
 
 
@@ -81,14 +91,31 @@ def coerce_value(option: Option, value: Any, *, text: bool = False) -> Any:
     return value
 
 
-def range_problem(option: Option, value: float) -> str | None:
-    """The option's valid range in words when ``value`` (a number of the option's kind) is
-    outside it, else None. The one range check of an option: the job's config and the
-    preconditioner both use it."""
+def valid_range(option: Option) -> str:
+    """The option's mathematically valid range in words (``a finite number > 0``), or ""."""
+    if option.check and option.check != "grad_workers":
+        return _RANGES[option.check][1]
+    return ""
+
+
+def validity_problem(option: Option, value: float) -> str | None:
+    """The option's mathematically valid range in words (its ``check``: > 0, in [0, 1), ...)
+    when ``value`` is outside it, else None. The library (``KFACPreconditioner``) checks only
+    this; the job adds the operational bound (:func:`range_problem`)."""
     if option.check and option.check != "grad_workers":
         accept, valid = _RANGES[option.check]
         if not accept(value):
             return valid
+    return None
+
+
+def range_problem(option: Option, value: float) -> str | None:
+    """The option's range in words when ``value`` (a number of the option's kind) is outside
+    it, else None: its validity (:func:`validity_problem`) and its operational bound (its
+    ``maximum``, else INT_MAX / FLOAT_MAX). What ``kfac-hpc train`` and ``sweep`` accept."""
+    problem = validity_problem(option, value)
+    if problem is not None:
+        return problem
     limit = option.maximum
     if limit is None:
         limit = INT_MAX if option.kind in ("int", "ints") else FLOAT_MAX

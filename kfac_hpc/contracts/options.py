@@ -1,7 +1,12 @@
 """The options of ``kfac-hpc train``: name, type, default, unit, help, range, which method
 they belong to and which a sweep may vary. One table, read by the job's config
 (train/config.py), the job's flags (train/cli.py), the sweep's flags and TOML tables
-(sweep/spec.py, sweep/commands.py) and the docs.
+(sweep/spec.py, sweep/commands.py), ``kfac-hpc plan``'s flags (plan/cli.py), the library's
+constructors (``KFACPreconditioner``: optim/options.py; ``FOSI``: optim/fosi/options.py: their
+parameters are :data:`LIBRARY_PARAMETERS`) and the docs. Where the library's or plan's default
+differs from the job's on purpose, the option says so and why (``library_default``,
+``plan_default``); the allowed values of a choice are the library's enums
+(contracts/choices.py). tests/contracts/test_one_home.py checks that every consumer agrees.
 
 A method's options are one block (``KFAC_OPTIONS`` below); a new method adds its block to
 ``METHOD_BLOCKS`` and every consumer picks it up.
@@ -13,15 +18,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kfac_hpc.contracts.choices import (
+    HVP_MODES,
+    AssignmentStrategy,
+    ComputeMethod,
+    KFACApprox,
+    values,
+)
 from kfac_hpc.contracts.errors import InputError
 
 __all__ = [
     "ALIASES",
     "FIRST_ORDER",
     "KINDS",
+    "LIBRARY_ONLY",
+    "LIBRARY_PARAMETERS",
     "METHOD_SWITCHES",
     "OPTIONS",
     "Option",
+    "OtherDefault",
+    "library_default",
     "method_of",
     "resolve_switches",
 ]
@@ -31,11 +47,28 @@ KINDS = ("bool", "int", "float", "str", "strs", "ints")
 
 
 @dataclass(frozen=True)
+class OtherDefault:
+    """A default that differs on purpose from the job's (``Option.default``), and why."""
+
+    value: Any
+    why: str
+
+
+@dataclass(frozen=True)
 class Option:
     """One option of the job. ``method``: ``common`` or the method it configures (``kfac``);
     ``axis``: a sweep may give a list of values; ``operational``: changes how a run is
     operated, not what it computes (left out of the config hash); ``sweep``: False where the
-    sweep has its own flag of that name or the value is per run."""
+    sweep has its own flag of that name or the value is per run.
+
+    Two kinds of range: ``check`` is what makes a value mathematically valid (``positive``,
+    ``decay``, ...), which the library (``KFACPreconditioner``) applies as well; ``maximum``
+    (default: ``option_values.INT_MAX`` / ``FLOAT_MAX``) is an operational bound that only
+    ``kfac-hpc train`` and ``sweep`` apply, against nonsense such as 2147483647 Lanczos steps.
+
+    ``library_default``: the library constructor's default (:data:`LIBRARY_PARAMETERS`) where it
+    differs on purpose from the job's ``default``; ``plan_default``: the same for
+    ``kfac-hpc plan``'s flag of the option. Each says why; None: the job's default."""
 
     name: str
     kind: str
@@ -50,6 +83,8 @@ class Option:
     axis: bool = False
     operational: bool = False
     sweep: bool = True
+    library_default: OtherDefault | None = None
+    plan_default: OtherDefault | None = None
 
     @property
     def flag(self) -> str:
@@ -86,14 +121,41 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCHEDULES = ("constant", "step", "cosine")
 SCALINGS = ("strong", "weak")
 DIST_BACKENDS = ("auto", "gloo", "nccl")
-COMPUTE_METHODS = ("eigen", "inverse")
-KFAC_APPROXES = ("expand", "reduce")
-HVP_MODES = ("auto", "forward-over-reverse", "double-backward")
-ASSIGNMENT_STRATEGIES = ("compute", "memory")
+# The library's choices: the values of its enums (contracts/choices.py), not copies.
+COMPUTE_METHODS = values(ComputeMethod)
+KFAC_APPROXES = values(KFACApprox)
+ASSIGNMENT_STRATEGIES = values(AssignmentStrategy)
+
+# Why the library's defaults differ from the job's: KFACPreconditioner keeps those of the
+# reference library kfac_pytorch, so switching is a change of import (docs/kfac.md).
+_KFAC_PYTORCH = (
+    "KFACPreconditioner keeps the reference library kfac_pytorch's default, so that switching "
+    "is a change of import (docs/kfac.md)"
+)
+# Why plan's defaults differ from the job's: plan predicts a study at scale, the job's
+# defaults are a seconds-long run on this machine.
+_PLAN_STUDY = (
+    "plan predicts a study at scale (ResNet-32 on CIFAR-10, up to 1,024 ranks, as the shipped "
+    "profiles); the job's default is a seconds-long run on this machine"
+)
 
 COMMON_OPTIONS: tuple[Option, ...] = (
-    _o("model", "str", "small_cnn", "network", choices=MODELS),
-    _o("dataset", "str", "digits", "data", choices=DATASETS),
+    _o(
+        "model",
+        "str",
+        "small_cnn",
+        "network",
+        choices=MODELS,
+        plan_default=OtherDefault("resnet32", _PLAN_STUDY),
+    ),
+    _o(
+        "dataset",
+        "str",
+        "digits",
+        "data",
+        choices=DATASETS,
+        plan_default=OtherDefault("cifar10", _PLAN_STUDY),
+    ),
     _o(
         "data_path",
         "str",
@@ -190,8 +252,25 @@ KFAC_OPTIONS: tuple[Option, ...] = (
         unit="steps",
         check="positive",
         axis=True,
+        library_default=OtherDefault(
+            1,
+            f"{_KFAC_PYTORCH}; the job recomputes them every 10 steps, a tenth of the "
+            "eigendecompositions",
+        ),
     ),
-    _k("damping", "float", 0.003, "Tikhonov damping", check="positive", maximum=1e6),
+    _k(
+        "damping",
+        "float",
+        0.003,
+        "Tikhonov damping",
+        check="positive",
+        maximum=1e6,
+        library_default=OtherDefault(
+            0.001,
+            f"{_KFAC_PYTORCH}; the job's 0.003 is the lowest damping of the benchmarks' grid "
+            "(docs/kfac.md)",
+        ),
+    ),
     _k("factor_decay", "float", 0.95, "running-average decay of the factors", check="decay"),
     _k(
         "kl_clip",
@@ -231,7 +310,7 @@ KFAC_OPTIONS: tuple[Option, ...] = (
         "float",
         25.0,
         "factor allreduce bucket size",
-        unit="MB",
+        unit="MiB",
         check="positive",
         maximum=1e6,
     ),
@@ -252,9 +331,29 @@ KFAC_OPTIONS: tuple[Option, ...] = (
         check="fraction",
     ),
 )
+# FOSI's operational bounds: k and l at most 1024 each, so the default 4(k + l) Lanczos steps
+# stay within the bound of --lanczos-iters (a basis of at most 8192 float64 vectors); the job
+# also keeps k + l and the Lanczos steps below the model's parameter count (train/methods/fosi.py).
+FOSI_MAX_PAIRS = 1024
+FOSI_MAX_LANCZOS = 4 * 2 * FOSI_MAX_PAIRS
 FOSI_OPTIONS: tuple[Option, ...] = (
-    _f("fosi_k", "int", 10, "largest Hessian eigenpairs k", check="nonnegative", axis=True),
-    _f("fosi_l", "int", 0, "smallest Hessian eigenpairs l", check="nonnegative"),
+    _f(
+        "fosi_k",
+        "int",
+        10,
+        "largest Hessian eigenpairs k",
+        check="nonnegative",
+        maximum=FOSI_MAX_PAIRS,
+        axis=True,
+    ),
+    _f(
+        "fosi_l",
+        "int",
+        0,
+        "smallest Hessian eigenpairs l",
+        check="nonnegative",
+        maximum=FOSI_MAX_PAIRS,
+    ),
     _f(
         "fosi_alpha",
         "float",
@@ -287,9 +386,17 @@ FOSI_OPTIONS: tuple[Option, ...] = (
         "Lanczos steps per ESE (default 4(k + l); >= k + l)",
         unit="steps",
         check="positive",
+        maximum=FOSI_MAX_LANCZOS,
         optional=True,
     ),
-    _f("fosi_clip", "float", 3.0, "upper bound of the base-update scale (>= 1)", check="positive"),
+    _f(
+        "fosi_clip",
+        "float",
+        3.0,
+        "upper bound of the base-update scale",
+        check="at_least_one",
+        maximum=1e6,
+    ),
     _f("fosi_hvp", "str", "auto", "Hessian-vector products by", choices=HVP_MODES),
     _f(
         "curvature_ranks",
@@ -326,6 +433,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
         unit="steps",
         check="positive",
         optional=True,
+        plan_default=OtherDefault(
+            100, "the sweep plan writes (--write-sweep) measures a fixed number of steps"
+        ),
     ),
     _o(
         "batch_size",
@@ -335,6 +445,11 @@ RUN_OPTIONS: tuple[Option, ...] = (
         unit="samples",
         check="positive",
         axis=True,
+        plan_default=OtherDefault(
+            1024,
+            f"{_PLAN_STUDY}; strong scaling splits the global batch over every rank count of "
+            "the default --ranks, and 1,024 is the smallest batch they all divide",
+        ),
     ),
     _o(
         "scaling",
@@ -488,6 +603,50 @@ METHOD_BLOCKS: tuple[tuple[Option, ...], ...] = (KFAC_OPTIONS, FOSI_OPTIONS)
 OPTIONS: dict[str, Option] = {
     o.name: o for block in (COMMON_OPTIONS, *METHOD_BLOCKS, RUN_OPTIONS) for o in block
 }
+# The library constructors' parameters that are options of the job: method -> {parameter:
+# option}. ``KFACPreconditioner`` takes the K-FAC block by the same names (and ``lr``, which the
+# job gives it as the optimizer's current one); ``FOSI`` takes the FOSI block by the paper's
+# names (and the job's ``seed``). The job passes them by these names (train/config.py).
+LIBRARY_PARAMETERS: dict[str, dict[str, str]] = {
+    "kfac": {**{o.name: o.name for o in KFAC_OPTIONS}, "lr": "lr"},
+    "fosi": {
+        "k": "fosi_k",
+        "l": "fosi_l",
+        "alpha": "fosi_alpha",
+        "momentum": "fosi_momentum",
+        "ese_every": "ese_every",
+        "warmup": "fosi_warmup",
+        "lanczos_iters": "lanczos_iters",
+        "clip": "fosi_clip",
+        "hvp": "fosi_hvp",
+        "seed": "seed",
+        "curvature_ranks": "curvature_ranks",
+        "max_staleness": "max_staleness",
+    },
+}
+# The library's parameters that are not options of the job, and why: method -> {parameter: why}.
+LIBRARY_ONLY: dict[str, dict[str, str]] = {
+    "kfac": {
+        "accumulation_steps": "the job runs one backward per optimizer step",
+        "damping_mode": "the job keeps the pi_split damping of the inverse method",
+        "grad_scaler": "a torch.amp.GradScaler object; the job trains in float32",
+        "factor_dtype": "a torch dtype; the job keeps the weights' dtype",
+        "inv_dtype": "a torch dtype; the job keeps float32",
+        "synchronize_timings": "the job sets it from --cuda-sync",
+    },
+    "fosi": {
+        "average_gradients": "the job lets FOSI average the gradients itself (no DDP)",
+    },
+}
+
+
+def library_default(name: str) -> Any:
+    """The library constructor's default of option ``name``: its ``library_default`` where it
+    differs on purpose from the job's, else the job's default."""
+    option = OPTIONS[name]
+    return option.default if option.library_default is None else option.library_default.value
+
+
 # Friendlier inputs for fields: ``time_limit`` takes a duration (90s, 30m, HH:MM:SS) into
 # ``time_limit_s``; ``checkpoint_every`` takes steps (an integer) or a duration (10m).
 ALIASES: dict[str, tuple[tuple[str, ...], str]] = {

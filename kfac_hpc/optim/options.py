@@ -2,6 +2,9 @@
 
 The names follow the reference K-FAC library for PyTorch (kfac_pytorch) so that switching is a
 change of import. Every invalid value raises ``ValueError`` naming the option and its range.
+The options that ``kfac-hpc train`` has too take their defaults and valid ranges from the job's
+option table (contracts/options.py: ``library_default`` where the library's default differs
+on purpose) and their choices from the enums of contracts/choices.py.
 """
 
 from __future__ import annotations
@@ -13,11 +16,10 @@ from typing import Any, Protocol
 
 import torch
 
-from kfac_hpc.comm import AssignmentStrategy
+from kfac_hpc.contracts.choices import AssignmentStrategy, ComputeMethod, DampingMode, KFACApprox
 from kfac_hpc.contracts.grad_workers import GRAD_WORKER_NAMES
-from kfac_hpc.contracts.option_values import range_problem
-from kfac_hpc.contracts.options import OPTIONS
-from kfac_hpc.optim.layers import KFACApprox
+from kfac_hpc.contracts.option_values import validity_problem
+from kfac_hpc.contracts.options import LIBRARY_PARAMETERS, OPTIONS, library_default
 from kfac_hpc.optim.schedules import Hyperparameter, ScheduledValue
 
 __all__ = [
@@ -30,22 +32,6 @@ __all__ = [
 ]
 
 
-class ComputeMethod(enum.Enum):
-    """How the second-order data of a layer is computed."""
-
-    EIGEN = "eigen"
-    INVERSE = "inverse"
-
-
-class DampingMode(enum.Enum):
-    """How the inverse method damps A and G: ``pi_split`` (λ_A = π√λ, λ_G = √λ/π, the
-    Martens & Grosse π correction) or ``per_factor`` (λ added to each factor, the reference
-    library's convention)."""
-
-    PI_SPLIT = "pi_split"
-    PER_FACTOR = "per_factor"
-
-
 class GradScalerLike(Protocol):
     """What K-FAC needs of a ``torch.amp.GradScaler``: the current loss scale."""
 
@@ -55,21 +41,22 @@ class GradScalerLike(Protocol):
 
 
 def _table(name: str) -> Callable[[float], str | None]:
-    """The range check of job option ``name`` (contracts/options.py): the preconditioner
-    accepts exactly what ``kfac-hpc train`` accepts."""
+    """The validity check of job option ``name`` (contracts/options.py): the preconditioner
+    refuses what is mathematically invalid (<= 0, NaN, ...), not the operational bounds that
+    ``kfac-hpc train`` adds (``kl_clip=1e12`` is a way to say "effectively no clip")."""
     option = OPTIONS[name]
 
     def check(value: float) -> str | None:
         if option.kind == "int" and not float(value).is_integer():
             return "an integer >= 1"
-        return range_problem(option, value)
+        return validity_problem(option, value)
 
     return check
 
 
 def _kl_clip(value: float) -> str | None:
     # The job gives 0 as None (no clipping); here the clip must be > 0.
-    return "a finite number > 0" if value == 0 else _table("kl_clip")(value)
+    return "a finite number > 0" if value == 0 or _table("kl_clip")(value) else None
 
 
 def _choice(name: str, value: Any, enum_type: type[enum.Enum]) -> Any:
@@ -87,33 +74,44 @@ def _flag(name: str, value: Any) -> bool:
     return value
 
 
+# The defaults of the options the job has too, as the library takes them (choices as enums).
+_DEFAULT: dict[str, Any] = {name: library_default(name) for name in LIBRARY_PARAMETERS["kfac"]}
+_DEFAULT.update(
+    assignment_strategy=AssignmentStrategy(_DEFAULT["assignment_strategy"]),
+    compute_method=ComputeMethod(_DEFAULT["compute_method"]),
+    kfac_approx=KFACApprox(_DEFAULT["kfac_approx"]),
+)
+
+
 @dataclass
 class KFACOptions:
-    """The preconditioner's options (see docs/kfac.md for each one's meaning)."""
+    """The preconditioner's options (see docs/kfac.md for each one's meaning). The defaults of
+    the job's options are the table's (``library_default``); the rest are the library's own
+    (contracts/options.py ``LIBRARY_ONLY``)."""
 
-    factor_update_steps: Hyperparameter = 1
-    inv_update_steps: Hyperparameter = 1
-    damping: Hyperparameter = 0.001
-    factor_decay: Hyperparameter = 0.95
-    kl_clip: Hyperparameter | None = 0.001
-    lr: Hyperparameter = 0.1
+    factor_update_steps: Hyperparameter = _DEFAULT["factor_update_steps"]
+    inv_update_steps: Hyperparameter = _DEFAULT["inv_update_steps"]
+    damping: Hyperparameter = _DEFAULT["damping"]
+    factor_decay: Hyperparameter = _DEFAULT["factor_decay"]
+    kl_clip: Hyperparameter | None = _DEFAULT["kl_clip"]
+    lr: Hyperparameter = _DEFAULT["lr"]
     accumulation_steps: int = 1
-    allreduce_bucket_cap_mb: float = 25.0
-    assignment_strategy: AssignmentStrategy | str = AssignmentStrategy.COMPUTE
-    colocate_factors: bool = True
-    compute_method: ComputeMethod | str = ComputeMethod.EIGEN
+    allreduce_bucket_cap_mb: float = _DEFAULT["allreduce_bucket_cap_mb"]
+    assignment_strategy: AssignmentStrategy | str = _DEFAULT["assignment_strategy"]
+    colocate_factors: bool = _DEFAULT["colocate_factors"]
+    compute_method: ComputeMethod | str = _DEFAULT["compute_method"]
     damping_mode: DampingMode | str = DampingMode.PI_SPLIT
-    compute_eigenvalue_outer_product: bool = True
-    grad_worker_fraction: str | float = "comm-opt"
-    symmetry_aware: bool = False
+    compute_eigenvalue_outer_product: bool = _DEFAULT["compute_eigenvalue_outer_product"]
+    grad_worker_fraction: str | float = _DEFAULT["grad_worker_fraction"]
+    symmetry_aware: bool = _DEFAULT["symmetry_aware"]
     grad_scaler: GradScalerLike | None = None
     factor_dtype: torch.dtype | None = None
     inv_dtype: torch.dtype = torch.float32
-    skip_layers: Sequence[str] = ()
-    update_factors_in_hook: bool = True
+    skip_layers: Sequence[str] = _DEFAULT["skip_layers"]
+    update_factors_in_hook: bool = _DEFAULT["update_factors_in_hook"]
     synchronize_timings: bool = False
-    kfac_approx: KFACApprox | str = KFACApprox.EXPAND
-    factor_sample_fraction: float = 1.0
+    kfac_approx: KFACApprox | str = _DEFAULT["kfac_approx"]
+    factor_sample_fraction: float = _DEFAULT["factor_sample_fraction"]
 
     def __post_init__(self) -> None:
         self.schedules = self._build_schedules()
@@ -174,8 +172,13 @@ class KFACOptions:
         if problem is not None:
             raise ValueError(f"allreduce_bucket_cap_mb must be {problem}, got {cap!r}")
         frac = self.factor_sample_fraction
-        if isinstance(frac, bool) or not isinstance(frac, int | float) or not (0 < frac <= 1):
-            raise ValueError(f"factor_sample_fraction must be a number in (0, 1], got {frac!r}")
+        problem = (
+            "a number"
+            if isinstance(frac, bool) or not isinstance(frac, int | float)
+            else _table("factor_sample_fraction")(frac)
+        )
+        if problem is not None:
+            raise ValueError(f"factor_sample_fraction must be {problem}, got {frac!r}")
         # Whether f·P divides P is checked against the world size by the assignment.
         fraction = self.grad_worker_fraction
         if isinstance(fraction, str):

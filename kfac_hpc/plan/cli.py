@@ -1,63 +1,191 @@
-"""The click command ``plan``: parse, call the planner, print the table (and plot, sweep)."""
+"""The click command ``plan``: parse, call the planner, print the table (and plot, sweep).
+
+Bad input is one line on stderr naming the flag (``kfac-hpc plan: error: --flag: ...``), exit
+code 2, nothing written (cli_errors.py); every check runs before the measurement or the
+prediction. Options the job has too (``--batch-size``, ``--fosi-k``, ...) take their kind,
+default, help and range from the job's option table (contracts/options.py; where plan's default
+differs on purpose, the table's ``plan_default`` says why); profiles from their own table
+(profiles.PROFILE_FIELDS).
+"""
 
 from __future__ import annotations
 
-import sys
+import importlib.util
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from kfac_hpc.plan.errors import PlanInputError
+from kfac_hpc.cli_errors import guard
+from kfac_hpc.contracts.errors import InputError
+from kfac_hpc.contracts.option_values import check_value
+from kfac_hpc.contracts.options import OPTIONS
+from kfac_hpc.plan.errors import PlanInputError, shown
 from kfac_hpc.plan.model import ALL_METHODS, METHODS
+from kfac_hpc.plan.profiles import PROFILE_FIELDS
 
 __all__ = ["plan"]
 
 _DEFAULT_RANKS = "1,2,4,8,16,32,64,128,256,512,1024"
+MAX_RANKS = 2**20  # a rank count of --ranks
+MAX_RANK_COUNTS = 64  # values in --ranks
+MAX_CALIBRATION_RANKS = 64  # local processes per calibration
+MAX_CALIBRATION_COUNTS = 8  # values in --calibration-ranks
+MIN_BUCKET_MB = 2**-10  # --bucket-mb: 1 KiB
+# plan's flags that are options of the job too (flag's name -> option): their kind, default,
+# help and range are the table's
+_JOB_OPTIONS = {
+    "model": "model",
+    "dataset": "dataset",
+    "batch_size": "batch_size",
+    "scaling": "scaling",
+    "fosi_k": "fosi_k",
+    "ese_every": "ese_every",
+    "factor_update_steps": "factor_update_steps",
+    "inv_update_steps": "inv_update_steps",
+    "bucket_mb": "allreduce_bucket_cap_mb",
+    "steps": "steps",
+}
+_RANKS_PER_NODE = next(f for f in PROFILE_FIELDS if f.name == "network.ranks_per_node")
+_PLOT_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
 
 
-def _int_list(field: str, text: str) -> list[int]:
+def plan_default(field: str) -> Any:
+    """The default of plan's flag ``field`` (a job option): the table's ``plan_default`` where
+    plan's differs on purpose, else the job's."""
+    option = OPTIONS[_JOB_OPTIONS[field]]
+    return option.default if option.plan_default is None else option.plan_default.value
+
+
+def _job_flag(field: str, note: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """plan's flag ``--FIELD`` of a job option, made from the option table."""
+    option = OPTIONS[_JOB_OPTIONS[field]]
+    text = f"As kfac-hpc train's {option.flag}: {option.describe()}{note}."
+    if option.plan_default is not None:
+        train = "none" if option.default is None else option.default
+        text += f" kfac-hpc train's default: {train}."
+    kind = {"int": int, "float": float}.get(option.kind, str)
+    flag = "--" + field.replace("_", "-")
+    return click.option(flag, type=kind, default=plan_default(field), show_default=True, help=text)
+
+
+def _int_list(field: str, text: str, low: int, high: int, most: int) -> list[int]:
     try:
         values = [int(v) for v in text.split(",")]
     except ValueError:
-        raise PlanInputError(field, f"{text!r} is not a comma-separated list of integers") from None
-    if any(v < 1 for v in values):
-        raise PlanInputError(field, f"{text!r}: every value must be >= 1")
+        raise PlanInputError(
+            field, f"{shown(text)!r} is not a comma-separated list of integers"
+        ) from None
+    if any(not low <= v <= high for v in values):
+        raise PlanInputError(field, f"{shown(text)!r}: every value must be in [{low}, {high}]")
+    if len(set(values)) > most:
+        raise PlanInputError(field, f"{len(set(values))} values; give at most {most}")
     return sorted(set(values))
 
 
-def _positive(field: str, value: float) -> None:
-    if not value > 0:
-        raise PlanInputError(field, f"{value} must be > 0")
+def _methods(text: str) -> list[str]:
+    methods = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    if not methods:
+        raise PlanInputError("methods", f"empty; give one or more of {', '.join(ALL_METHODS)}")
+    for method in methods:  # checked here too: before a calibration spends seconds
+        if method not in ALL_METHODS:
+            raise PlanInputError(
+                "methods", f"{shown(method)!r} is not one of {', '.join(ALL_METHODS)}"
+            )
+    return methods
+
+
+def _check_options(o: dict[str, Any]) -> None:
+    """Every value against the job's option table (kind, range, choices) and plan's own."""
+    for field, name in _JOB_OPTIONS.items():
+        try:
+            check_value(OPTIONS[name], o[field])
+        except InputError as exc:
+            raise PlanInputError(field, exc.reason) from None
+    if o["bucket_mb"] < MIN_BUCKET_MB:  # the table's "> 0" lets 1e-300 MiB give 1e300 buckets
+        raise PlanInputError(
+            "bucket_mb", f"{o['bucket_mb']!r} must be >= {MIN_BUCKET_MB} (1 KiB per bucket)"
+        )
+    if o["fosi_k"] < 1:
+        raise PlanInputError("fosi_k", f"{o['fosi_k']} must be >= 1 (the eigenpairs FOSI uses)")
+    low, high = int(_RANKS_PER_NODE.low), int(_RANKS_PER_NODE.high)
+    if not low <= o["ranks_per_node"] <= high:
+        raise PlanInputError("ranks_per_node", f"{o['ranks_per_node']} must be in [{low}, {high}]")
+
+
+def _outputs(o: dict[str, Any]) -> tuple[Path | None, Path | None]:
+    """The checked paths of --plot and --write-sweep (None: not asked for)."""
+    from kfac_hpc.plan.files import check_output
+
+    plot = sweep = None
+    if o["plot"] is not None:
+        plot = check_output("plot", o["plot"])
+        if plot.suffix.lower() not in _PLOT_FORMATS:
+            raise PlanInputError(
+                "plot", f"{shown(plot.name)!r} must end in {', '.join(_PLOT_FORMATS)}"
+            )
+        if importlib.util.find_spec("matplotlib") is None:
+            raise PlanInputError("plot", "needs matplotlib (pip install matplotlib)")
+    if o["write_sweep"] is not None:
+        sweep = check_output("write_sweep", o["write_sweep"])
+    if plot is not None and plot == sweep:
+        raise PlanInputError("write_sweep", "is the --plot file too; give two different files")
+    return plot, sweep
 
 
 @click.command("plan")
-@click.option("--model", default="resnet32", show_default=True, help="Model of kfac-hpc train.")
-@click.option("--dataset", default="cifar10", show_default=True, help="Dataset (input shape).")
-@click.option("--batch-size", type=int, default=1024, show_default=True, help="Batch size.")
+@_job_flag("model", " (cnn1d takes --dataset mnist1d)")
+@_job_flag("dataset", " (its input shape: no data files needed)")
+@_job_flag("batch_size")
+@_job_flag("scaling")
 @click.option(
-    "--scaling", type=click.Choice(["strong", "weak"]), default="strong", show_default=True
+    "--ranks",
+    default=_DEFAULT_RANKS,
+    show_default=True,
+    help=f"Rank counts P (at most {MAX_RANK_COUNTS} values, each <= {MAX_RANKS}).",
 )
-@click.option("--ranks", default=_DEFAULT_RANKS, show_default=True, help="Rank counts P.")
 @click.option(
     "--methods", default=",".join(METHODS), show_default=True, help="Also: fosi (FOSI / DHO2)."
 )
-@click.option("--fosi-k", type=int, default=10, show_default=True, help="FOSI: eigenpairs k.")
-@click.option("--ese-every", type=int, default=100, show_default=True, help="FOSI: ESE interval.")
-@click.option("--factor-update-steps", type=int, default=10, show_default=True)
-@click.option("--inv-update-steps", type=int, default=100, show_default=True)
-@click.option("--bucket-mb", type=float, default=25.0, show_default=True, help="Bucket cap (MiB).")
+@_job_flag("fosi_k", " (--methods fosi)")
+@_job_flag("ese_every", " (--methods fosi)")
+@_job_flag("factor_update_steps")
+@_job_flag("inv_update_steps")
+@_job_flag("bucket_mb")
 @click.option(
     "--profile",
     default=None,
     help="Machine+network profile: shipped name (a100-hdr200) or PATH.toml "
-    "[default: measure this machine].",
+    "[default: measure this machine, on synthetic input of the dataset's shape].",
 )
-@click.option("--calibration-ranks", default="2,4", show_default=True, help="Local gloo ranks.")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="PNG of the curves.")
-@click.option("--write-sweep", type=click.Path(dir_okay=False), default=None, help="Sweep TOML.")
-@click.option("--ranks-per-node", type=int, default=1, show_default=True, help="For --write-sweep.")
-@click.option("--steps", type=int, default=100, show_default=True, help="For --write-sweep.")
+@click.option(
+    "--calibration-ranks",
+    default="2,4",
+    show_default=True,
+    help=f"Local gloo ranks (each 2..{MAX_CALIBRATION_RANKS}).",
+)
+@click.option(
+    "--plot",
+    default=None,
+    metavar="FILE",
+    help="Image of the curves (.png, .pdf or .svg); its folder must exist; replaced atomically.",
+)
+@click.option(
+    "--write-sweep",
+    default=None,
+    metavar="FILE",
+    help="Sweep TOML of the recommendation; its folder must exist; replaced atomically.",
+)
+@click.option(
+    "--ranks-per-node",
+    type=int,
+    default=1,
+    show_default=True,
+    help=f"For --write-sweep (1..{int(_RANKS_PER_NODE.high)}).",
+)
+@_job_flag("steps", " (of the sweep --write-sweep writes)")
 @click.option(
     "--explain",
     type=click.Path(file_okay=False, path_type=Path),
@@ -66,47 +194,46 @@ def _positive(field: str, value: float) -> None:
     help="Predict every finished run of SWEEP_DIR (its own settings) into "
     "SWEEP_DIR/predicted.json, which kfac-hpc report shows beside the measurements.",
 )
+@guard("plan", failures=((RuntimeError, "error: measuring this machine failed"),))
 def plan(**options: Any) -> None:
-    """Predict step time per phase and memory per rank for each method and K-FAC strategy."""
+    """Predict step time per phase and memory per rank for each method and K-FAC strategy.
+
+    Bad input is one line on stderr naming the flag, exit code 2, and nothing written.
+    """
     try:
         _plan(**options)
-    except PlanInputError as exc:
-        click.echo(f"kfac-hpc plan: error: {exc}", err=True)
-        sys.exit(2)
+    except InputError as exc:
+        flag = "--" + exc.field.replace("_", "-") if exc.field in options else exc.field
+        raise InputError(flag, " ".join(str(exc.reason).split())) from None
 
 
 def _plan(**o: Any) -> None:
-    from kfac_hpc.plan.output import best_by_ranks, plot_scaling, sweep_toml, table_lines
+    from kfac_hpc.plan.files import write_atomic
+    from kfac_hpc.plan.output import best_by_ranks, plot_bytes, sweep_toml, table_lines
     from kfac_hpc.plan.planner import build_cost_model, predict_all
 
-    ranks = _int_list("ranks", o["ranks"])
-    methods = [m.strip() for m in o["methods"].split(",") if m.strip()]
-    for method in methods:  # checked here too: before a calibration spends seconds
-        if method not in ALL_METHODS:
-            raise PlanInputError("methods", f"{method!r} is not one of {', '.join(ALL_METHODS)}")
-    for name in (
-        "batch_size",
-        "factor_update_steps",
-        "inv_update_steps",
-        "ranks_per_node",
-        "steps",
-        "ese_every",
-    ):
-        _positive(name, o[name])
-    _positive("bucket_mb", o["bucket_mb"])
-    if o["fosi_k"] < 1:
-        raise PlanInputError("fosi_k", f"{o['fosi_k']} must be >= 1")
-    calibration = _int_list("calibration_ranks", o["calibration_ranks"])
-    if min(calibration) < 2:
-        raise PlanInputError("calibration_ranks", "collectives need at least 2 ranks each")
+    ranks = _int_list("ranks", o["ranks"], 1, MAX_RANKS, MAX_RANK_COUNTS)
+    methods = _methods(o["methods"])
+    _check_options(o)
+    calibration = _int_list(
+        "calibration_ranks",
+        o["calibration_ranks"],
+        2,
+        MAX_CALIBRATION_RANKS,
+        MAX_CALIBRATION_COUNTS,
+    )
     if o["explain"] is not None:
         from kfac_hpc.plan.explain import explain_sweep
 
+        for field in ("plot", "write_sweep"):
+            if o[field] is not None:
+                raise PlanInputError(field, "does not apply with --explain; leave it out")
         if not o["explain"].is_dir():
-            raise PlanInputError("explain", f"{o['explain']} is not a directory")
+            raise PlanInputError("explain", f"{shown(str(o['explain']))} is not a directory")
         path, count = explain_sweep(o["explain"], o["profile"], calibration)
         click.echo(f"predictions of {count} run(s): {path} (kfac-hpc report {o['explain']})")
         return
+    plot_path, sweep_path = _outputs(o)
     planned = build_cost_model(o["model"], o["dataset"], o["profile"], calibration, o["batch_size"])
     predictions = predict_all(
         planned,
@@ -120,6 +247,30 @@ def _plan(**o: Any) -> None:
         o["fosi_k"],
         o["ese_every"],
     )
+    for pred in predictions:
+        if not all(math.isfinite(v) for v in (pred.step_s, pred.memory_bytes)):
+            raise PlanInputError(
+                "batch_size",
+                f"the prediction of {pred.config.method} at {pred.config.ranks} ranks is not a "
+                "finite number; plan a smaller batch, rank count or --fosi-k",
+            )
+    files: list[tuple[str, Path, bytes]] = []
+    if sweep_path is not None:
+        best = best_by_ranks(predictions, planned.memory_limit)
+        try:
+            text = sweep_toml(best, o["model"], o["dataset"], o["ranks_per_node"], o["steps"])
+        except ValueError:
+            raise PlanInputError(
+                "ranks_per_node",
+                f"{o['ranks_per_node']}: no recommended rank count is a multiple of it; give a "
+                "divisor of one of --ranks",
+            ) from None
+        files.append(("write_sweep", sweep_path, text.encode("utf-8")))
+    if plot_path is not None:
+        title = f"{o['model']}: {planned.source}"
+        image = plot_bytes(predictions, title, _PLOT_FORMATS[plot_path.suffix.lower()])
+        files.append(("plot", plot_path, image))
+    write_atomic(files)
     click.echo(
         f"{o['model']} on {o['dataset']}, batch {o['batch_size']} ({o['scaling']}); "
         f"{planned.source}"
@@ -129,14 +280,7 @@ def _plan(**o: Any) -> None:
     )
     for line in table_lines(predictions, planned.memory_limit):
         click.echo(line)
-    if o["plot"]:
-        path = plot_scaling(predictions, Path(o["plot"]), f"{o['model']}: {planned.source}")
-        click.echo(f"plot: {path}")
-    if o["write_sweep"]:
-        best = best_by_ranks(predictions, planned.memory_limit)
-        try:
-            text = sweep_toml(best, o["model"], o["dataset"], o["ranks_per_node"], o["steps"])
-        except ValueError as exc:
-            raise PlanInputError("ranks_per_node", str(exc)) from None
-        Path(o["write_sweep"]).write_text(text)
-        click.echo(f"sweep file: {o['write_sweep']} (run: kfac-hpc sweep -f {o['write_sweep']})")
+    if plot_path is not None:
+        click.echo(f"plot: {plot_path}")
+    if sweep_path is not None:
+        click.echo(f"sweep file: {sweep_path} (run: kfac-hpc sweep -f {sweep_path})")

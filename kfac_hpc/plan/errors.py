@@ -1,13 +1,18 @@
-"""The one error type for bad ``kfac-hpc plan`` input: it names the field and the fix."""
+"""``kfac-hpc plan``'s name for bad input, an :class:`~kfac_hpc.contracts.errors.InputError`,
+so that the planner's modules need not know the CLI."""
 
 from __future__ import annotations
 
-__all__ = ["PlanInputError"]
+from kfac_hpc.contracts.errors import InputError
+
+__all__ = ["PlanInputError", "shown"]
 
 
-class PlanInputError(ValueError):
-    """Bad user input. The CLI prints ``field: message`` on one line and exits 2."""
+class PlanInputError(InputError):
+    """Bad plan input, an :class:`InputError`: ``kfac-hpc plan: error: --flag: message`` on one
+    line, exit 2, nothing written (cli_errors.py)."""
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
+
+def shown(text: str) -> str:
+    """``text`` as a message shows it: as is when printable, else its ``repr`` (one line)."""
+    return text if text.isprintable() else repr(text)

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kfac_hpc.contracts.options import OPTIONS
 from kfac_hpc.contracts.rundir import CONFIG, PREDICTED, RUN, write_json_atomic
 from kfac_hpc.plan.errors import PlanInputError
 from kfac_hpc.plan.model import PlanConfig
@@ -32,7 +33,7 @@ def config_of_run(config: dict[str, Any]) -> PlanConfig:
     ranks = int(config["world_size"])
     method = "fosi" if config.get("fosi") else "sgd"
     if config.get("kfac"):
-        fraction = config.get("grad_worker_fraction", "comm-opt")
+        fraction = _get(config, "grad_worker_fraction")
         if isinstance(fraction, str):
             method = _STRATEGIES[fraction.strip().lower().replace("_", "-")]
         elif float(fraction) == 1.0:
@@ -47,15 +48,21 @@ def config_of_run(config: dict[str, Any]) -> PlanConfig:
         method,
         ranks,
         int(config["batch_size"]),
-        str(config.get("scaling", "strong")),
-        int(config.get("factor_update_steps", 1)),
-        int(config.get("inv_update_steps", 1)),
-        float(config.get("allreduce_bucket_cap_mb", 25.0)),
-        int(config.get("fosi_k", 10)),
-        int(config.get("fosi_l", 0)),
-        int(config.get("ese_every", 100)),
-        config.get("lanczos_iters"),
+        str(_get(config, "scaling")),
+        int(_get(config, "factor_update_steps")),
+        int(_get(config, "inv_update_steps")),
+        float(_get(config, "allreduce_bucket_cap_mb")),
+        int(_get(config, "fosi_k")),
+        int(_get(config, "fosi_l")),
+        int(_get(config, "ese_every")),
+        _get(config, "lanczos_iters"),
     )
+
+
+def _get(config: dict[str, Any], name: str) -> Any:
+    """The run's value of option ``name``; the job's default (the option table's) when its
+    config.json predates the option."""
+    return config.get(name, OPTIONS[name].default)
 
 
 def predicted_vs_measured(planned: Planned, run_dir: Path) -> dict[str, dict[str, float]]:
@@ -95,11 +102,12 @@ def explain_sweep(
     predicted: dict[str, dict[str, Any]] = {}
     sources = set()
     for run_dir in runs:
-        config = json.loads((run_dir / CONFIG).read_text())
         try:
+            config = json.loads((run_dir / CONFIG).read_text())
             cfg = config_of_run(config)
-        except (KeyError, ValueError) as exc:
-            raise PlanInputError("explain", f"{run_dir / CONFIG}: {exc}") from None
+        except (OSError, KeyError, TypeError, ValueError) as exc:  # unreadable, not JSON, bad
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise PlanInputError("explain", f"{run_dir / CONFIG}: {reason}") from None
         key = (str(config.get("model")), str(config.get("dataset")))
         if key not in models:
             models[key] = build_cost_model(*key, profile, calibration_ranks, cfg.local_batch)

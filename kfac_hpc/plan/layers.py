@@ -16,11 +16,13 @@ from kfac_hpc.optim.layers import KFACLayer, make_layer
 from kfac_hpc.plan.errors import PlanInputError
 from kfac_hpc.train.models import build_model
 
-__all__ = ["INPUTS", "LayerShape", "ModelShape", "model_shape"]
+__all__ = ["INPUTS", "LayerShape", "ModelShape", "check_fit", "model_shape"]
 
-# dataset -> (input shape C, H, W; classes); cifar10/imagefolder are the shapes of the real sets
-INPUTS: dict[str, tuple[tuple[int, int, int], int]] = {
+# dataset -> (input shape C, H, W of images or C, L of sequences; classes); cifar10,
+# imagefolder and mnist1d are the shapes of the real sets (the plan needs no data files)
+INPUTS: dict[str, tuple[tuple[int, ...], int]] = {
     "digits": ((1, 8, 8), 10),
+    "mnist1d": ((1, 40), 10),
     "synthetic_cifar": ((3, 32, 32), 10),
     "cifar10": ((3, 32, 32), 10),
     "synthetic_imagenet": ((3, 224, 224), 1000),
@@ -73,12 +75,27 @@ class ModelShape:
         return sum(layer.forward_flops for layer in self.layers)
 
 
+def check_fit(model: str, dataset: str) -> None:
+    """PlanInputError naming ``model`` when it cannot take ``dataset``'s input (the job's rule,
+    TrainConfig.validate): cnn1d only the mnist1d sequences, the image models only images,
+    mlp either."""
+    sequences = len(INPUTS[dataset][0]) == 2
+    if model == "mlp" or sequences == (model == "cnn1d"):
+        return
+    if model == "cnn1d":
+        fix = f"takes the mnist1d sequences, not {dataset!r} images; give --dataset mnist1d"
+    else:
+        fix = f"takes images, not {dataset!r} sequences; give --model cnn1d or mlp"
+    raise PlanInputError("model", f"{model!r} {fix}")
+
+
 def model_shape(model: str, dataset: str) -> ModelShape:
     """The layer inventory of ``model`` on ``dataset``'s input shape."""
     if model not in MODELS:
         raise PlanInputError("model", f"{model!r} is not one of {', '.join(MODELS)}")
     if dataset not in DATASETS:
         raise PlanInputError("dataset", f"{dataset!r} is not one of {', '.join(DATASETS)}")
+    check_fit(model, dataset)
     shape, classes = INPUTS[dataset]
     net = build_model(model, shape, classes)
     layers, rows, inputs, activations = _probe(net, shape)
@@ -99,7 +116,7 @@ def model_shape(model: str, dataset: str) -> ModelShape:
 
 
 def _probe(
-    net: nn.Module, shape: tuple[int, int, int]
+    net: nn.Module, shape: tuple[int, ...]
 ) -> tuple[list[KFACLayer], dict[str, int], dict[str, tuple[int, ...]], int]:
     """One sample through ``net``: K-FAC layers, their output positions and input shapes
     (without the batch), activation elements."""

@@ -6,9 +6,10 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from kfac_hpc.contracts.atomic import write_bytes_atomic
 from kfac_hpc.plan.model import Prediction
 
-__all__ = ["best_by_ranks", "plot_scaling", "sweep_toml", "table_lines"]
+__all__ = ["best_by_ranks", "plot_bytes", "plot_scaling", "sweep_toml", "table_lines"]
 
 _MS = 1e3
 _MIB = 2**20
@@ -44,6 +45,13 @@ def best_by_ranks(
     return best
 
 
+def _ms(seconds: float, width: int) -> str:
+    """Milliseconds in ``width`` columns: two decimals, or three digits and an exponent when
+    the fixed form would not fit."""
+    ms = seconds * _MS
+    return f"{ms:>{width}.2f}" if abs(ms) < 1e6 else f"{ms:>{width}.3g}"
+
+
 def table_lines(predictions: Sequence[Prediction], memory_limit: float | None) -> list[str]:
     """A fixed-width table, milliseconds per step by phase group; ``*`` marks the best
     K-FAC strategy at each rank count (see :func:`best_by_ranks`)."""
@@ -53,10 +61,9 @@ def table_lines(predictions: Sequence[Prediction], memory_limit: float | None) -
     lines = [head]
     for pred in predictions:
         mark = "*" if id(pred) in best else " "
-        row = f"{pred.config.ranks:>6}{mark} {pred.config.method:<16}{pred.step_s * _MS:>10.2f}"
+        row = f"{pred.config.ranks:>6}{mark} {pred.config.method:<16}{_ms(pred.step_s, 10)}"
         row += "".join(
-            f"{sum(pred.phases_s.get(p, 0.0) for p in phases) * _MS:>11.2f}"
-            for _, phases in COLUMNS
+            _ms(sum(pred.phases_s.get(p, 0.0) for p in phases), 11) for _, phases in COLUMNS
         )
         memory = f"{pred.memory_bytes / _MIB:.0f}"
         if memory_limit is not None and pred.memory_bytes > memory_limit:
@@ -66,7 +73,18 @@ def table_lines(predictions: Sequence[Prediction], memory_limit: float | None) -
 
 
 def plot_scaling(predictions: Sequence[Prediction], path: Path, title: str) -> Path:
-    """Predicted step time against ranks, one line per method, log-log."""
+    """Predicted step time against ranks, one line per method, log-log, written to ``path``
+    (its folder made if missing; replaced atomically; the format from its suffix)."""
+    fmt = path.suffix.lower().lstrip(".") or "png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, plot_bytes(predictions, title, fmt), durable=False)
+    return path
+
+
+def plot_bytes(predictions: Sequence[Prediction], title: str, fmt: str = "png") -> bytes:
+    """The image (``fmt``: png, pdf, svg) of :func:`plot_scaling`."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -99,10 +117,10 @@ def plot_scaling(predictions: Sequence[Prediction], path: Path, title: str) -> P
     ax_t.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=fmt, dpi=120)
     plt.close(fig)
-    return path
+    return buffer.getvalue()
 
 
 def sweep_toml(

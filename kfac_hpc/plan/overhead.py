@@ -1,10 +1,14 @@
 """The job's own cost per step outside the model's compute: measured on this machine.
 
 A real ``kfac-hpc train`` of the smallest model (``mlp``, SGD, one rank, one thread) on the
-planned dataset at the planned batch: its ``data`` phase (loading the batch) and the time
-of each step that no phase counts (the learning-rate schedule, the loss accumulation, the
-timer's own laps). Neither depends on the network, so the smallest model measures them for
-every model.
+planned dataset's input shape: its ``data`` phase (loading the batch) and the time of each step
+that no phase counts (the learning-rate schedule, the loss accumulation, the timer's own laps).
+Neither depends on the network, so the smallest model measures them for every model.
+
+The plan needs the input's shape, not the data: a dataset read from files (cifar10,
+imagefolder) is measured on the synthetic dataset of its shape (augmentation included), so no
+data files are needed; one that is shipped or generated here (digits, mnist1d) is used as is.
+The data phase is measured per sample at a batch of at most ``MAX_BATCH`` samples.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kfac_hpc.plan.errors import PlanInputError
-
-__all__ = ["JobOverhead", "measure_job_overhead"]
+__all__ = ["MAX_BATCH", "JobOverhead", "measure_job_overhead", "overhead_dataset"]
 
 _STEPS, _LOG_EVERY = 60, 10
+MAX_BATCH = 256  # the data phase is measured per sample: a larger batch only takes longer
+# datasets read from files -> the synthetic dataset of the same input shape and classes
+_SYNTHETIC = {"cifar10": "synthetic_cifar", "imagefolder": "synthetic_imagenet"}
+_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
@@ -34,25 +40,38 @@ class JobOverhead:
     step_s: float = 0.0
 
 
+def overhead_dataset(dataset: str) -> str:
+    """The dataset that measures ``dataset``'s overhead: itself, or the synthetic one of its
+    shape when it is read from files."""
+    return _SYNTHETIC.get(dataset, dataset)
+
+
 def measure_job_overhead(dataset: str, batch: int) -> JobOverhead:
     """Median over logging windows (the first dropped) of a real 1-rank run's data phase and
-    its time outside the phases."""
+    its time outside the phases (on :func:`overhead_dataset`, at ``min(batch, MAX_BATCH)``).
+    RuntimeError (one line) when the run fails."""
+    measured, batch = overhead_dataset(dataset), max(1, min(batch, MAX_BATCH))
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "overhead"
         argv = [sys.executable, "-m", "kfac_hpc", "train", "--run-dir", str(run_dir)]
-        argv += ["--model", "mlp", "--dataset", dataset, "--batch-size", str(batch)]
+        argv += ["--model", "mlp", "--dataset", measured, "--batch-size", str(batch)]
         argv += ["--steps", str(_STEPS), "--log-every", str(_LOG_EVERY), "--no-kfac"]
         argv += ["--no-progress", "--checkpoint-every", str(10 * _STEPS)]
-        if dataset != "digits":
+        if measured != "digits":
             argv += ["--num-samples", str(max(batch * 4, 256))]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+        try:
+            out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(
+                f"measuring the job's overhead with a 1-rank {measured} run took over "
+                f"{_TIMEOUT_S} s; use --profile"
+            ) from None
         if out.returncode != 0:
             tail = (out.stderr.strip().splitlines() or ["?"])[-1]
-            raise PlanInputError(
-                "dataset",
-                f"measuring the job's overhead with a 1-rank {dataset} run failed ({tail}); "
-                "use a dataset present here or --profile",
+            raise RuntimeError(
+                f"measuring the job's overhead with a 1-rank {measured} run failed ({tail}); "
+                "use --profile"
             )
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     windows = [w for w in map(json.loads, lines) if w.get("kind") == "train"][1:]

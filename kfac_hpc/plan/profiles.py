@@ -2,27 +2,37 @@
 
 A profile is a TOML file with a ``[machine]`` and a ``[network]`` table (and free-text
 ``[sources]``). ``--profile NAME`` loads one shipped in ``kfac_hpc/plan/profiles/``; a path
-ending in ``.toml`` loads a user's file. Unknown or missing keys are errors.
+ending in ``.toml`` (or holding a ``/``) loads a user's file. Every key has a kind and a
+range in one table, ``PROFILE_FIELDS``; an unknown, missing (where required), mistyped or
+out-of-range key is an error naming the file and the key.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from kfac_hpc.contracts.textfile import read_user_text
 from kfac_hpc.plan.alphabeta import AlphaBeta
-from kfac_hpc.plan.errors import PlanInputError
+from kfac_hpc.plan.errors import PlanInputError, shown
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["MachineProfile", "NetworkProfile", "builtin_profiles", "load_profile"]
+__all__ = [
+    "PROFILE_FIELDS",
+    "MachineProfile",
+    "NetworkProfile",
+    "ProfileField",
+    "builtin_profiles",
+    "load_profile",
+]
 
 
 @dataclass(frozen=True)
@@ -71,15 +81,75 @@ def builtin_profiles() -> list[str]:
     return sorted(p.name[: -len(".toml")] for p in root.iterdir() if p.name.endswith(".toml"))
 
 
-def _number(table: dict[str, Any], section: str, key: str) -> float:
-    if key not in table:
-        raise PlanInputError(f"{section}.{key}", "missing; every profile must set it")
-    value = table[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PlanInputError(f"{section}.{key}", f"{value!r} is not a number")
-    if not math.isfinite(value) or value < 0:
-        raise PlanInputError(f"{section}.{key}", f"{value!r} must be a finite number >= 0")
-    return float(value)
+@dataclass(frozen=True)
+class ProfileField:
+    """One key of a profile: its table, kind (``float`` or ``int``; TOML integers count as
+    floats, floats never as integers), valid range ``[low, high]`` and default (``None``:
+    every profile must set it)."""
+
+    section: str
+    key: str
+    kind: str
+    low: float
+    high: float
+    default: float | None = None
+    unit: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.section}.{self.key}"
+
+
+# Every key of a profile, with its range: far past any real machine, far from where the cost
+# model's products overflow or its quotients blow up (a rate of 1e-300 gives inf seconds).
+PROFILE_FIELDS: tuple[ProfileField, ...] = (
+    ProfileField("machine", "gemm_flops_per_s", "float", 1e6, 1e18, unit="FLOP/s"),
+    ProfileField("machine", "eigh_flops_per_s", "float", 1e6, 1e18, unit="FLOP/s"),
+    ProfileField("machine", "memory_bytes_per_s", "float", 1e6, 1e16, unit="B/s"),
+    ProfileField("machine", "memory_bytes", "float", 2**20, 1e15, unit="B"),
+    ProfileField("machine", "kernel_overhead_s", "float", 0.0, 1.0, 0.0, "s"),
+    ProfileField("machine", "cores_per_node", "int", 0, 65536, 0),
+    ProfileField("machine", "threads_per_rank", "int", 1, 4096, 1),
+    ProfileField("machine", "step_overhead_s", "float", 0.0, 60.0, 0.0, "s"),
+    ProfileField("network", "ranks_per_node", "int", 1, 1024),
+    *(
+        field
+        for link in ("network.intra", "network.inter")
+        for field in (
+            ProfileField(link, "latency_s", "float", 0.0, 1.0, unit="s"),
+            ProfileField(link, "bandwidth_bytes_per_s", "float", 1e3, 1e15, unit="B/s"),
+        )
+    ),
+)
+_DEVICE_CHARS = 100
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _value(table: dict[str, Any], field: ProfileField) -> float:
+    """The checked value of ``field`` in its ``table``; PlanInputError naming it if bad."""
+    if field.key not in table:
+        if field.default is None:
+            raise PlanInputError(field.name, "missing; every profile must set it")
+        return field.default
+    value = table[field.key]
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    fits = is_int or (field.kind == "float" and isinstance(value, float))
+    if not (fits and math.isfinite(value) and field.low <= value <= field.high):
+        kind = "an integer" if field.kind == "int" else "a number"
+        unit = f" {field.unit}" if field.unit else ""
+        raise PlanInputError(
+            field.name,
+            f"{_short(value)} must be {kind} in [{_fmt(field.low)}, {_fmt(field.high)}]{unit}",
+        )
+    return int(value) if field.kind == "int" else float(value)
 
 
 def _check_keys(table: dict[str, Any], section: str, allowed: set[str]) -> None:
@@ -90,76 +160,72 @@ def _check_keys(table: dict[str, Any], section: str, allowed: set[str]) -> None:
             )
 
 
-_OPTIONAL = {"kernel_overhead_s", "cores_per_node", "threads_per_rank", "step_overhead_s"}
-_COUNTS = ("cores_per_node", "threads_per_rank")
+def _values(
+    table: dict[str, Any], section: str, extra: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    mine = [f for f in PROFILE_FIELDS if f.section == section]
+    _check_keys(table, section, {f.key for f in mine} | extra)
+    return {f.key: _value(table, f) for f in mine}
 
 
 def _machine(name: str, table: dict[str, Any]) -> MachineProfile:
-    keys = {f.name for f in fields(MachineProfile)} - {"name"}
-    _check_keys(table, "machine", keys | {"device"})
-    values: dict[str, Any] = {
-        k: _number(table, "machine", k) for k in keys if k not in _OPTIONAL or k in table
-    }
-    for key in ("gemm_flops_per_s", "eigh_flops_per_s", "memory_bytes_per_s"):
-        if values[key] == 0:
-            raise PlanInputError(f"machine.{key}", "must be > 0")
-    for key in _COUNTS:
-        if key in values:
-            low = 1 if key == "threads_per_rank" else 0
-            if not isinstance(table[key], int) or table[key] < low:
-                raise PlanInputError(
-                    f"machine.{key}", f"{table[key]!r} must be an integer >= {low}"
-                )
-            values[key] = int(table[key])
-    return MachineProfile(str(table.get("device", name)), **values)
+    values = _values(table, "machine", frozenset({"device"}))
+    device = table.get("device", shown(name))
+    if not isinstance(device, str) or not device.isprintable() or len(device) > _DEVICE_CHARS:
+        raise PlanInputError(
+            "machine.device", f"must be a one-line string of at most {_DEVICE_CHARS} characters"
+        )
+    cores, threads = values["cores_per_node"], values["threads_per_rank"]
+    if cores and threads > cores:
+        raise PlanInputError(
+            "machine.threads_per_rank",
+            f"{threads} is more than cores_per_node ({cores}); at most the node's cores",
+        )
+    return MachineProfile(device, **values)
 
 
-def _link(table: dict[str, Any], section: str) -> AlphaBeta:
-    _check_keys(table, section, {"latency_s", "bandwidth_bytes_per_s"})
-    bandwidth = _number(table, section, "bandwidth_bytes_per_s")
-    if bandwidth == 0:
-        raise PlanInputError(f"{section}.bandwidth_bytes_per_s", "must be > 0")
-    return AlphaBeta(_number(table, section, "latency_s"), 1.0 / bandwidth)
+def _link(table: Any, section: str) -> AlphaBeta:
+    if not isinstance(table, dict):
+        raise PlanInputError(section, "missing table (latency_s, bandwidth_bytes_per_s)")
+    values = _values(table, section)
+    return AlphaBeta(values["latency_s"], 1.0 / values["bandwidth_bytes_per_s"])
 
 
 def _network(name: str, table: dict[str, Any]) -> NetworkProfile:
     _check_keys(table, "network", {"ranks_per_node", "intra", "inter"})
-    ranks = table.get("ranks_per_node")
-    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
-        raise PlanInputError("network.ranks_per_node", f"{ranks!r} must be an integer >= 1")
-    for sub in ("intra", "inter"):
-        if not isinstance(table.get(sub), dict):
-            raise PlanInputError(
-                f"network.{sub}", "missing table (latency_s, bandwidth_bytes_per_s)"
-            )
-    return NetworkProfile(
-        name, ranks, _link(table["intra"], "network.intra"), _link(table["inter"], "network.inter")
+    ranks = _values({k: v for k, v in table.items() if k == "ranks_per_node"}, "network")
+    intra, inter = (
+        _link(table.get("intra"), "network.intra"),
+        _link(table.get("inter"), "network.inter"),
     )
+    return NetworkProfile(name, ranks["ranks_per_node"], intra, inter)
 
 
 def load_profile(name_or_path: str) -> tuple[MachineProfile, NetworkProfile]:
-    """A shipped profile by name or a TOML file by path."""
+    """A shipped profile by name or a TOML file by path (read up to 1 MiB). PlanInputError
+    (field ``profile``) naming the file, and the key when one is bad."""
     if name_or_path.endswith(".toml") or "/" in name_or_path:
-        path = Path(name_or_path)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise PlanInputError("profile", f"cannot read {path}: {exc.strerror}") from None
+        text = read_user_text(Path(name_or_path), "profile", error=PlanInputError)
     else:
         if name_or_path not in builtin_profiles():
             raise PlanInputError(
                 "profile",
-                f"{name_or_path!r} is not a shipped profile ({', '.join(builtin_profiles())}) "
-                "nor a .toml path",
+                f"{name_or_path!r} is not a shipped profile "
+                f"({', '.join(builtin_profiles())}) nor a .toml path",
             )
         text = (resources.files("kfac_hpc.plan") / "profiles" / f"{name_or_path}.toml").read_text()
+    where = shown(name_or_path)
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise PlanInputError("profile", f"{name_or_path} is not valid TOML: {exc}") from None
-    _check_keys(data, "profile", {"machine", "network", "sources"})
-    for section in ("machine", "network"):
-        if not isinstance(data.get(section), dict):
-            raise PlanInputError(section, f"missing [{section}] table in {name_or_path}")
-    name = Path(name_or_path).stem
-    return _machine(name, data["machine"]), _network(name, data["network"])
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise PlanInputError("profile", f"{where} is not valid TOML: {reason}") from None
+    try:
+        _check_keys(data, "profile", {"machine", "network", "sources"})
+        for section in ("machine", "network"):
+            if not isinstance(data.get(section), dict):
+                raise PlanInputError(section, f"missing [{section}] table")
+        name = Path(name_or_path).stem
+        return _machine(name, data["machine"]), _network(name, data["network"])
+    except PlanInputError as exc:
+        raise PlanInputError("profile", f"{where}: {exc.field}: {exc.reason}") from None

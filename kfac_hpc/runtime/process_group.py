@@ -85,6 +85,7 @@ def init_distributed(
     if not dist.is_initialized():
         # atexit handlers run while the interpreter is still whole: groups are destroyed
         # there even when the program forgot to, or kept them in a global.
+        atexit.unregister(shutdown)  # once per process, however many runs it starts
         atexit.register(shutdown)
         dist.init_process_group(
             backend=chosen,

@@ -41,6 +41,14 @@ class SweepBackend(ABC):
     name: ClassVar[str]
     # True: `kfac-hpc sweep` runs the points in this process and returns when they ended.
     runs_in_process: ClassVar[bool] = False
+    # True: the points run under Slurm, which must answer before a sweep is written (a dry
+    # run says when it did not); :meth:`preflight` then asks it about the sweep.
+    uses_slurm: ClassVar[bool] = False
+
+    def preflight(self, prepared: PreparedSweep) -> None:  # noqa: B027 (optional hook)
+        """Check ``prepared`` before anything is written (dry runs too): InputError for a
+        sweep the backend cannot run, or its scheduler would refuse or hold forever (asked
+        unless ``prepared.unchecked`` says why it cannot be: a dry run without Slurm)."""
 
     @abstractmethod
     def max_array_size(self) -> int:
@@ -126,10 +134,23 @@ class SlurmBackend(SweepBackend):
     ``scontrol`` where accounting is off), then the run directory's markers."""
 
     name = "slurm"
+    uses_slurm = True
 
     def max_array_size(self) -> int:
         slurm.require_sbatch()
         return slurm.max_array_size()
+
+    def preflight(self, prepared: PreparedSweep) -> None:
+        """The partition holds the largest point, and ``sbatch --test-only`` accepts the
+        array of every node count (ranks, CPUs and GPUs per node, time limit, options)."""
+        from kfac_hpc.sweep.submit import check_arrays_accepted, check_partition_fits
+
+        if prepared.unchecked:
+            return
+        spec, profile = prepared.spec, prepared.profile
+        args = (*profile.sbatch_args, *spec.sbatch_args)
+        check_partition_fits(max(spec.nodes), profile.partition, args)
+        check_arrays_accepted(prepared)
 
     def submit(self, prepared: PreparedSweep) -> Manifest:
         from kfac_hpc.sweep.submit import submit_sweep

@@ -162,15 +162,25 @@ def _sweep(
     spec = load_spec(Path(sweep_file) if sweep_file else None, fields)
     directory = Path(sweep_dir) if sweep_dir else Path("sweeps") / spec.name
     prepared = prepare_sweep(
-        spec, directory, backend, Path(template) if template else None, load=not dry_run
+        spec,
+        directory,
+        backend,
+        Path(template) if template else None,
+        load=not dry_run,
+        dry_run=dry_run,
     )
     points = sum(len(s.points) for s in prepared.scripts)
     if dry_run:
         write_scripts(prepared)
+        if prepared.unchecked:
+            unchecked = f"NOT checked against a Slurm cluster: {prepared.unchecked}"
+            click.echo(f"kfac-hpc sweep: warning: {unchecked}", err=True)
         click.echo(
             f"# dry run: {points} point(s) in {len(prepared.scripts)} array(s); "
             f"scripts in {prepared.sweep_dir}/scripts"
         )
+        if prepared.unchecked:
+            click.echo(f"# {unchecked}")
         click.echo("\n".join(dry_run_lines(prepared)))
         return
     sweep_backend = backend_for(backend)

@@ -1,10 +1,12 @@
 """Every point checked as its job will check it, before anything is written or submitted.
 
-:func:`check_train_values` runs the job's own validation (:func:`kfac_hpc.train.config.
-load_config` and the world-size checks of :class:`~kfac_hpc.train.config.TrainConfig`) on each
-point's train values, so a value ``kfac-hpc train`` rejects is rejected by the sweep, with the
-same message. :func:`check_loadable` loads each distinct dataset and builds each distinct model
-(torch is imported): a point whose data or model cannot load fails here, not in the queue.
+:func:`check_train_values` runs the job's own parser and validation (the ``kfac-hpc train``
+command's flags, :func:`kfac_hpc.train.config.load_config` and the world-size checks of
+:class:`~kfac_hpc.train.config.TrainConfig`) on each point's train command line, the
+``--train-arg`` pass-through arguments included, so a value ``kfac-hpc train`` rejects is
+rejected by the sweep, with the same message. :func:`check_loadable` loads each distinct
+dataset and builds each distinct model (torch is imported): a point whose data or model cannot
+load fails here, not in the queue.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import click
+
 from kfac_hpc.contracts.errors import InputError
-from kfac_hpc.sweep.command import NOT_TRAIN
+from kfac_hpc.sweep.command import train_argv
 from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.spec import Point
 from kfac_hpc.train.config import TrainConfig, load_config
@@ -21,9 +25,31 @@ from kfac_hpc.train.config import TrainConfig, load_config
 __all__ = ["check_loadable", "check_train_values"]
 
 
+# Stands for the run directory the sweep gives each point (``SWEEP_DIR/runs/POINT``).
+_RUN_DIR = "SWEEP_DIR/runs/POINT"
+
+
 def _config(point: Point) -> TrainConfig:
-    values = {k: v for k, v in point.params.items() if k not in NOT_TRAIN}
-    return load_config(None, values)
+    """The point's TrainConfig as ``kfac-hpc train`` makes it from the point's command line:
+    its flags parsed by the train command itself, then :func:`load_config`."""
+    from kfac_hpc.train.cli import train
+
+    argv = ["--run-dir", _RUN_DIR, *train_argv(point.params)]
+    try:
+        # help_option_names=[]: a --help among the arguments is refused, never printed.
+        ctx = train.make_context("kfac-hpc train", argv, help_option_names=[])
+    except click.ClickException as exc:  # an unknown flag, a value of the wrong type...
+        message = " ".join(exc.format_message().split())
+        raise SweepInputError(
+            "extra_args", f"kfac-hpc train refuses the --train-arg arguments: {message}"
+        ) from None
+    params = dict(ctx.params)
+    if params.pop("run_dir") != _RUN_DIR:
+        raise SweepInputError(
+            "extra_args",
+            "--run-dir is the sweep's (SWEEP_DIR/runs/POINT); remove it from --train-arg",
+        )
+    return load_config(params.pop("config_file"), params)
 
 
 def _where(point: Point) -> str:

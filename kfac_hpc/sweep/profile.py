@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from kfac_hpc.contracts.textfile import read_user_text
 from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.safety import check_identifier, check_line, check_slurm_time
 
@@ -72,10 +73,7 @@ def load_profile(name_or_path: str) -> SiteProfile:
     """A shipped profile by name, or a TOML file by path (anything ending in ``.toml``)."""
     if name_or_path.endswith(".toml") or "/" in name_or_path:
         path = Path(name_or_path)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise SweepInputError("profile", f"cannot read {path}: {exc.strerror}") from None
+        text = read_user_text(path, "profile", error=SweepInputError)
         name = path.stem
     else:
         if name_or_path not in builtin_profiles():

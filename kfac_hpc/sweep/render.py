@@ -17,6 +17,7 @@ import jinja2
 from kfac_hpc import __version__
 from kfac_hpc.contracts.exit_codes import ExitCode
 from kfac_hpc.contracts.rundir import Marker
+from kfac_hpc.contracts.textfile import read_user_text
 from kfac_hpc.sweep.command import train_argv
 from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.profile import SiteProfile, train_command
@@ -56,10 +57,7 @@ def load_template(path: Path | None = None) -> jinja2.Template:
     if path is None:
         source = resources.files("kfac_hpc.templates").joinpath("sbatch.sh.j2").read_text()
     else:
-        try:
-            source = path.read_text()
-        except OSError as exc:
-            raise SweepInputError("template", f"cannot read {path}: {exc.strerror}") from None
+        source = read_user_text(path, "template", error=SweepInputError)
     try:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as exc:

@@ -8,9 +8,11 @@ accounting storage, which many test clusters lack).
 from __future__ import annotations
 
 import getpass
+import os
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +22,14 @@ from kfac_hpc.sweep.errors import SweepInputError
 __all__ = [
     "SlurmError",
     "TaskState",
+    "cluster_problem",
     "job_states",
     "max_array_size",
     "partition_limits",
     "require_sbatch",
     "sacct_states",
     "sbatch",
+    "sbatch_test_only",
     "scancel",
     "scontrol_states",
     "squeue_states",
@@ -60,15 +64,77 @@ def require_sbatch() -> None:
         )
 
 
-def _run(argv: Sequence[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    argv: Sequence[str], cwd: Path | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=_TIMEOUT_S, cwd=cwd
+            list(argv), capture_output=True, text=True, timeout=_TIMEOUT_S, cwd=cwd, input=stdin
         )
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]} is not on PATH") from None
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{argv[0]} did not answer within {_TIMEOUT_S} s") from None
+
+
+# Slurm commands retry a configuration file they cannot read for 60 s: this line says so at once.
+_NO_CONFIG = re.compile(r"cannot stat file (\S+?):? ")
+_SLURM_PREFIX = re.compile(r"^\S+: (error|fatal): ")
+
+
+def cluster_problem() -> str | None:
+    """None when the Slurm controller answers ``scontrol ping``, else why not (one line).
+
+    SweepInputError when Slurm has no usable configuration: the file (``SLURM_CONF``, or
+    Slurm's default) does not exist (Slurm's commands would retry it for a minute each; here
+    that is known at once), or Slurm cannot process it."""
+    conf = os.environ.get("SLURM_CONF")
+    if conf is not None and not os.path.isfile(conf):
+        raise SweepInputError(
+            "SLURM_CONF",
+            f"{conf} is not a file; export SLURM_CONF=<path of slurm.conf> or unset it",
+        )
+    try:
+        proc = subprocess.Popen(
+            ["scontrol", "ping"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    except FileNotFoundError:
+        return "scontrol is not on PATH"
+    timer = threading.Timer(_TIMEOUT_S, proc.kill)  # the same bound as every other command
+    timer.start()
+    try:
+        assert proc.stderr is not None and proc.stdout is not None
+        errors: list[str] = []
+        for line in proc.stderr:
+            missing = _NO_CONFIG.search(line)
+            if missing:
+                proc.kill()
+                proc.wait()
+                raise SweepInputError(
+                    "SLURM_CONF",
+                    f"Slurm's configuration {missing.group(1)} does not exist; export "
+                    "SLURM_CONF=<path of slurm.conf>",
+                )
+            errors.append(line.strip())
+        out = proc.stdout.read()
+        code = proc.wait()
+    finally:
+        timer.cancel()
+    if code == 0 and " is UP" in out:
+        return None
+    fatal = [line for line in errors if "fatal:" in line and "configuration" in line]
+    if fatal:
+        why = [_SLURM_PREFIX.sub("", line) for line in dict.fromkeys([errors[0], fatal[0]])]
+        raise SweepInputError(
+            "sbatch",
+            f"Slurm cannot use its configuration (SLURM_CONF={conf or 'unset'}): "
+            f"{'; '.join(why)}; fix it or export SLURM_CONF=<path of slurm.conf>",
+        )
+    lines = [line for line in [*out.splitlines(), *reversed(errors)] if line.strip("* ")]
+    said = lines[0].strip() if lines else ""
+    if code < 0:
+        said = f"no answer within {_TIMEOUT_S} s"
+    return f"the Slurm controller does not answer (scontrol ping: {said or f'exit {code}'})"
 
 
 def max_array_size() -> int:
@@ -123,9 +189,13 @@ def sbatch(argv: Sequence[str], cwd: Path) -> str:
     return out.stdout.strip().split(";")[0]
 
 
-def sbatch_test_only(argv: Sequence[str], cwd: Path) -> str | None:
-    """Ask the scheduler whether a submission would be accepted; None when yes, else why not."""
-    out = _run([argv[0], "--test-only", *argv[1:]], cwd=cwd)
+def sbatch_test_only(
+    argv: Sequence[str], cwd: Path | None = None, script: str | None = None
+) -> str | None:
+    """Ask the scheduler whether a submission would be accepted; None when yes, else why not.
+    ``script``: the batch script's text, given on stdin (``argv`` then names no file), so
+    nothing needs to be written to ask."""
+    out = _run([argv[0], "--test-only", *argv[1:]], cwd=cwd, stdin=script)
     if out.returncode == 0:
         return None
     return (out.stderr.strip() or out.stdout.strip()).replace("\n", " ")

@@ -1,7 +1,8 @@
 """From a validated spec to submitted arrays: plan, render everything, check, then submit.
 
 Order matters for "nothing half-done": the sweep directory, profile, template, every script
-and ``sbatch --test-only`` of every array are checked before the first real ``sbatch``; the
+and (a Slurm backend) ``sbatch --test-only`` of every allocation are checked before anything
+is written, so bad input leaves no folder behind; the
 manifest is written just before it and updated after each array, so a crash mid-way leaves a
 manifest that says exactly what was submitted.
 """
@@ -28,6 +29,9 @@ from kfac_hpc.sweep.spec import Point, SweepSpec, expand_points
 __all__ = [
     "PreparedSweep",
     "array_spec",
+    "check_accepted",
+    "check_arrays_accepted",
+    "check_partition_fits",
     "plan_arrays",
     "prepare_sweep",
     "submit_array",
@@ -37,13 +41,15 @@ __all__ = [
 
 @dataclass(frozen=True)
 class PreparedSweep:
-    """Everything rendered and validated, nothing submitted yet."""
+    """Everything rendered and validated, nothing submitted yet. ``unchecked``: why the
+    sweep was not checked against the scheduler (a dry run when Slurm does not answer)."""
 
     sweep_dir: Path
     spec: SweepSpec
     profile: SiteProfile
     backend: str
     scripts: tuple[ArrayScript, ...]
+    unchecked: str | None = None
 
 
 def plan_arrays(
@@ -82,8 +88,11 @@ def _requested_partition(sbatch_args: Sequence[str]) -> str | None:
     return None
 
 
-def _check_partition_fits(nodes: int, partition: str | None, sbatch_args: Sequence[str]) -> None:
-    """Refuse a node count that the partition can never hold (it would pend forever)."""
+def check_partition_fits(
+    nodes: int, partition: str | None, sbatch_args: Sequence[str]
+) -> int | None:
+    """Refuse a node count that the partition can never hold (it would pend forever).
+    Returns the most nodes one job gets in the partition asked for (None: not known)."""
     partitions = slurm.partition_limits()
     wanted = _requested_partition(sbatch_args) or partition
     chosen = [p for p in partitions if p.name == wanted or (wanted is None and p.default)]
@@ -96,6 +105,28 @@ def _check_partition_fits(nodes: int, partition: str | None, sbatch_args: Sequen
                 f"{part.job_nodes} node(s) per job (largest partition: {biggest.name}, "
                 f"{biggest.job_nodes}); lower --nodes or choose a partition with --sbatch-arg=-p",
             )
+    return chosen[0].job_nodes if chosen else None
+
+
+def check_accepted(argv: Sequence[str], script: str, what: str) -> None:
+    """SweepInputError with Slurm's reason unless ``sbatch --test-only`` accepts ``script``
+    (given on stdin) with ``argv`` (``sbatch OPTIONS``, no script path): an allocation Slurm
+    can never grant (more ranks or CPUs than the nodes have, GPUs it lacks, a partition it
+    does not know, a time limit above the partition's) is refused before anything is written."""
+    problem = slurm.sbatch_test_only(argv, script=script)
+    if problem is not None:
+        raise SweepInputError("sbatch", f"Slurm rejects {what}: {problem}")
+
+
+def check_arrays_accepted(prepared: PreparedSweep) -> None:
+    """:func:`check_accepted` for the array of each node count (the chunks of one node count
+    share their allocation)."""
+    seen: set[int] = set()
+    for script in prepared.scripts:
+        if script.nodes not in seen:
+            seen.add(script.nodes)
+            argv = sbatch_argv(prepared, script.relpath, [0], None)[:-1]
+            check_accepted(argv, script.text, f"array {script.name} ({script.nodes} node(s))")
 
 
 # The folders a sweep writes into its directory.
@@ -141,9 +172,12 @@ def prepare_sweep(
     template: Path | None = None,
     *,
     load: bool = True,
+    dry_run: bool = False,
 ) -> PreparedSweep:
-    """Validate and render every array; raises InputError before touching the cluster or
-    writing anything. ``load``: also load every point's dataset and build its model."""
+    """Validate and render every array and check it against the scheduler (a Slurm backend);
+    raises InputError (or SlurmError when Slurm does not answer) before writing anything.
+    ``load``: also load every point's dataset and build its model. ``dry_run``: a scheduler
+    that does not answer is noted in ``unchecked`` instead."""
     sweep_backend = backend_for(backend)
     profile = load_profile(spec.profile)
     for arg in (*profile.sbatch_args, *spec.sbatch_args):
@@ -153,21 +187,32 @@ def prepare_sweep(
             )
     _check_gpus(spec, profile)
     tmpl = load_template(template)
-    max_size = sweep_backend.max_array_size()
-    if backend == "slurm":
-        _check_partition_fits(
-            max(spec.nodes), profile.partition, (*profile.sbatch_args, *spec.sbatch_args)
-        )
     points = expand_points(spec)
     check_train_values(points)
-    if load:
-        check_loadable(points)
+    unchecked = None
+    if sweep_backend.uses_slurm:
+        slurm.require_sbatch()
+        try:
+            unchecked = slurm.cluster_problem()
+        except SweepInputError as exc:  # no usable configuration: a dry run says so
+            if not dry_run:
+                raise
+            unchecked = str(exc)
+        if unchecked is not None and not dry_run:
+            raise slurm.SlurmError(unchecked)
+    max_size = slurm.DEFAULT_MAX_ARRAY_SIZE if unchecked else sweep_backend.max_array_size()
     scripts = tuple(
         render_array(tmpl, spec, profile, name, group)
         for name, group in plan_arrays(points, spec.nodes, max_size - 1)
     )
+    prepared = PreparedSweep(
+        sweep_dir.resolve(), spec, profile, backend, scripts, unchecked=unchecked
+    )
+    sweep_backend.preflight(prepared)
+    if load:
+        check_loadable(points)
     _check_sweep_dir(sweep_dir)
-    return PreparedSweep(sweep_dir.resolve(), spec, profile, backend, scripts)
+    return prepared
 
 
 def array_spec(indices: Sequence[int], max_concurrent: int | None) -> str:
@@ -275,17 +320,9 @@ def submit_array(
 
 
 def submit_sweep(prepared: PreparedSweep) -> Manifest:
-    """Check every array with ``sbatch --test-only``, then submit them all (chained if serial)."""
+    """Submit every array of a sweep :func:`prepare_sweep` checked (chained if serial)."""
     write_scripts(prepared)
     manifest = new_manifest(prepared)
-    for array in manifest.arrays:
-        problem = slurm.sbatch_test_only(
-            sbatch_argv(manifest, array.script, [0], None), prepared.sweep_dir
-        )
-        if problem is not None:
-            raise SweepInputError(
-                "sbatch", f"Slurm rejects array {array.name} ({array.nodes} node(s)): {problem}"
-            )
     manifest.write(prepared.sweep_dir)
     previous: str | None = None
     submitted: list[str] = []

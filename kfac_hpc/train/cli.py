@@ -6,13 +6,14 @@ and a help text; ``--time-limit`` and ``--checkpoint-every`` accept durations.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 import click
 
-from kfac_hpc.cli_errors import exit_with
-from kfac_hpc.contracts import ExitCode, InputError, RunDir
+from kfac_hpc.cli_errors import bad_input
+from kfac_hpc.contracts import InputError, RunDir
 from kfac_hpc.contracts.options import ALIASES, OPTIONS
 from kfac_hpc.train.config import ConfigError, check_run_dir, field_help, load_config
 
@@ -57,9 +58,32 @@ class _OneLineErrors(click.Command):
             raise
 
 
+# The launchers' own rank variables, in the order kfac_hpc.runtime.launch trusts them (an MPI
+# launcher's beat the Slurm step's it may inherit); read here without importing torch.
+_RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+
+
+def launcher_rank(env: Mapping[str, str] | None = None) -> int:
+    """This process's rank as its launcher's environment tells it before any process group
+    exists; 0 when it tells none (a plain start, or a launcher only mpi4py knows)."""
+    env = os.environ if env is None else env
+    names = list(_RANK_VARIABLES)
+    if "SLURM_STEP_ID" in env or "SLURM_STEP_NUM_TASKS" in env:  # inside srun
+        names.append("SLURM_PROCID")
+    for name in names:
+        value = env.get(name, "").strip()
+        if value:
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
 def _bad_input(exc: InputError) -> NoReturn:
+    """Exit 2 on every rank; the line once: from the rank the ranks agreed on (``quiet`` set
+    by :func:`~kfac_hpc.train.job.agree_on_input`), else from the launcher's rank 0 (every rank
+    parsed the same flags and files, so each would print the same line)."""
+    quiet = getattr(exc, "quiet", None)
     flag = {"config": "--config", "run_dir": "--run-dir"}.get(exc.field, _flag(exc.field))
-    exit_with("train", f"{flag}: {exc.reason}", ExitCode.BAD_INPUT)
+    bad_input("train", flag, exc.reason, quiet=quiet if quiet is not None else launcher_rank() != 0)
 
 
 @click.command(cls=_OneLineErrors)
@@ -102,5 +126,5 @@ def train(run_dir: str, config_file: str | None, **flags: Any) -> None:
     except InputError as exc:
         _bad_input(exc)
     except LaunchError as exc:
-        exit_with("train", f"launch: {exc}", ExitCode.BAD_INPUT)
+        bad_input("train", "launch", str(exc))
     raise SystemExit(code)

@@ -26,7 +26,8 @@ from kfac_hpc.contracts.durations import parse_duration_s
 from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.grad_workers import check_grad_worker_fraction, parse_grad_worker_fraction
 from kfac_hpc.contracts.option_values import check_value, coerce_value, expand_aliases
-from kfac_hpc.contracts.options import OPTIONS, method_of, resolve_switches
+from kfac_hpc.contracts.options import LIBRARY_PARAMETERS, OPTIONS, method_of, resolve_switches
+from kfac_hpc.contracts.textfile import read_user_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -121,8 +122,6 @@ class TrainConfig:
             raise ConfigError("fosi_k", "k + l must be >= 1; give --fosi-k 1 or more")
         if self.lanczos_iters is not None and self.lanczos_iters < pairs:
             raise ConfigError("lanczos_iters", f"must be >= k + l = {pairs}, or left out")
-        if self.fosi_clip < 1:
-            raise ConfigError("fosi_clip", f"{self.fosi_clip} must be >= 1")
         if self.max_staleness >= self.ese_every:
             raise ConfigError(
                 "max_staleness", f"{self.max_staleness} must be < --ese-every {self.ese_every}"
@@ -143,21 +142,9 @@ class TrainConfig:
             )
 
     def fosi_options(self) -> dict[str, Any]:
-        """The FOSI keyword arguments, by ``kfac_hpc.FOSI``'s names."""
-        return {
-            "k": self.fosi_k,
-            "l": self.fosi_l,
-            "alpha": self.fosi_alpha,
-            "ese_every": self.ese_every,
-            "warmup": self.fosi_warmup,
-            "lanczos_iters": self.lanczos_iters,
-            "clip": self.fosi_clip,
-            "momentum": self.fosi_momentum,
-            "hvp": self.fosi_hvp,
-            "seed": self.seed,
-            "curvature_ranks": self.curvature_ranks,
-            "max_staleness": self.max_staleness,
-        }
+        """The FOSI keyword arguments, by ``kfac_hpc.FOSI``'s names (the option table's
+        ``LIBRARY_PARAMETERS``)."""
+        return {param: getattr(self, name) for param, name in LIBRARY_PARAMETERS["fosi"].items()}
 
     def batch_sizes(self, world_size: int) -> BatchSizes:
         """The global and per-rank batch at ``world_size`` ranks; ConfigError if they don't
@@ -233,8 +220,8 @@ def load_config(path: str | Path | None, overrides: Mapping[str, Any]) -> TrainC
     raw: dict[str, Any] = {}
     if path is not None:
         try:
-            raw.update(tomllib.loads(Path(path).read_text()))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raw.update(tomllib.loads(read_user_text(path, "config", error=ConfigError)))
+        except tomllib.TOMLDecodeError as exc:
             raise ConfigError("config", f"cannot read {str(path)!r}: {exc}") from None
     raw.update({k: v for k, v in overrides.items() if v is not None})
     try:

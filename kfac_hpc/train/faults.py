@@ -1,13 +1,20 @@
-"""A hidden test hook: make one rank fail at one step, to test that failures end every rank.
+"""A hidden test hook: make one rank fail, or wait for a preemption signal, at one step.
 
 ``KFAC_HPC_FAULT_INJECT="rank=1,step=5"`` raises :class:`InjectedFault` on rank 1 when it is
-about to run step 5 (0-based optimizer steps). Not a user feature; undocumented in ``--help``.
+about to run step 5 (0-based optimizer steps), to test that failures end every rank.
+``"rank=0,step=12,hold=preempt,world=2"`` instead holds rank 0 of a 2-rank run (any size
+without ``world``) before step 12 until a preemption signal reaches it (at most ``hold_s``,
+default 600 s, then it goes on); an attempt that resumed at or after step 12 does not hold.
+So a test can preempt a run that is certainly still training, on an idle or a loaded machine.
+Not a user feature; undocumented in ``--help``.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
+from typing import Protocol
 
 __all__ = ["FaultPlan", "InjectedFault", "fault_plan"]
 
@@ -18,14 +25,33 @@ class InjectedFault(RuntimeError):
     """Raised on purpose by the fault-injection hook."""
 
 
+class _Signalled(Protocol):
+    requested: bool
+
+
 @dataclass(frozen=True)
 class FaultPlan:
     rank: int
     step: int
+    hold_for_preemption: bool = False
+    hold_s: float = 600.0
+    world_size: int | None = None
 
-    def check(self, rank: int, step: int) -> None:
-        if rank == self.rank and step == self.step:
+    def check(
+        self, rank: int, world_size: int, step: int, start_step: int, preemption: _Signalled
+    ) -> None:
+        """Raise or hold if this is the planned rank and step (of this attempt)."""
+        if rank != self.rank or step != self.step:
+            return
+        if self.world_size is not None and world_size != self.world_size:
+            return
+        if not self.hold_for_preemption:
             raise InjectedFault(f"injected fault on rank {rank} at step {step} ({ENV})")
+        if start_step >= step > 0:  # this attempt resumed here: the hold was for the first
+            return
+        deadline = time.monotonic() + self.hold_s
+        while not preemption.requested and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def fault_plan() -> FaultPlan | None:
@@ -34,4 +60,10 @@ def fault_plan() -> FaultPlan | None:
     if not spec:
         return None
     parts = dict(item.split("=", 1) for item in spec.split(","))
-    return FaultPlan(int(parts.get("rank", "0")), int(parts.get("step", "0")))
+    return FaultPlan(
+        int(parts.get("rank", "0")),
+        int(parts.get("step", "0")),
+        hold_for_preemption=parts.get("hold") == "preempt",
+        hold_s=float(parts.get("hold_s", "600")),
+        world_size=int(parts["world"]) if "world" in parts else None,
+    )

@@ -14,7 +14,9 @@ parameters are finite on every rank.
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,8 +31,10 @@ from kfac_hpc.checkpoint import (
     AsyncCheckpointWriter,
     CheckpointError,
     CheckpointManager,
+    CheckpointMismatchError,
     DataPosition,
     LoadedCheckpoint,
+    SkippedCheckpoint,
     capture_training_state,
     check_restorable,
     init_factors_from,
@@ -44,6 +48,8 @@ from kfac_hpc.train.config import ConfigError, TrainConfig
 from kfac_hpc.train.data import DataSource, ShardedBatches
 from kfac_hpc.train.faults import fault_plan
 from kfac_hpc.train.methods import MethodSetup, build_method, method_name
+from kfac_hpc.train.methods.base import TrainingDiverged
+from kfac_hpc.train.methods.resume import recorded, training_mismatch
 from kfac_hpc.train.models import build_model
 from kfac_hpc.train.optimizers import learning_rate
 from kfac_hpc.train.preemption import PreemptionHandler
@@ -53,16 +59,12 @@ from kfac_hpc.train.step import TrainStep, evaluate
 from kfac_hpc.train.summary import AttemptLog
 from kfac_hpc.train.timing import PhaseTimer, phase_timer
 
-__all__ = ["Job", "Position", "TrainingDiverged"]
+__all__ = ["Job", "PeerInputError", "Position", "TrainingDiverged", "agree_on_input"]
 
 _RETRY = (
     f"lower {OPTIONS['lr'].flag} (or, with K-FAC, raise {OPTIONS['damping'].flag}) "
     "and start a new run"
 )
-
-
-class TrainingDiverged(ArithmeticError):
-    """The loss or the parameters became non-finite: the run stops, that state unsaved."""
 
 
 class StepFlags(NamedTuple):
@@ -84,16 +86,55 @@ def _stop_if_diverged(step: float) -> None:
         )
 
 
+class PeerInputError(ConfigError):
+    """Bad input that another rank reports: this rank exits 2 without a line of its own."""
+
+    quiet = True
+
+
+def agree_on_input(
+    error: ConfigError | None, rank: int, world_size: int, device: torch.device
+) -> None:
+    """Collective (when the process group is up): every rank learns whether any rank found bad
+    input. The lowest such rank raises its own ``error``, marked ``quiet = False`` (the one
+    line the CLI prints); every other rank raises :class:`PeerInputError` (exit 2, no line)."""
+    lowest = rank if error is not None else world_size
+    if world_size > 1 and dist.is_available() and dist.is_initialized():
+        agreed = torch.tensor([lowest], dtype=torch.int64, device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+        lowest = int(agreed.item())
+    if lowest >= world_size:
+        return
+    if error is not None and lowest == rank:
+        error.quiet = False  # type: ignore[attr-defined]
+        raise error
+    raise PeerInputError(
+        error.field if error is not None else "input", f"bad input reported by rank {lowest}"
+    )
+
+
 @contextmanager
 def _user_file(option: str, path: str) -> Iterator[None]:
-    """A checkpoint the user named that cannot be used is bad input of ``option``."""
+    """A checkpoint the user named that cannot be used is bad input of ``option`` (a
+    ConfigError raised inside, naming its own setting, passes as it is)."""
     try:
         yield
+    except ConfigError:
+        raise
     except (CheckpointError, KeyError, TypeError, ValueError) as exc:
         reason = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
         if str(path) not in reason:
             reason = f"{path}: {reason}"
         raise ConfigError(option, f"unusable checkpoint: {reason}") from None
+
+
+def _saved_config(checkpoint: LoadedCheckpoint) -> dict[str, Any]:
+    """The config of the run that saved ``checkpoint`` ({} when it has none readable)."""
+    try:
+        config = json.loads(checkpoint.tree.get("config_json", ""))
+    except (TypeError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 @dataclass
@@ -160,6 +201,17 @@ class Job:
         self.reached_target = False
         self.diverged_at = 0  # rank 0: the step ending the first window with a non-finite loss
         self.last_ckpt_time = time.perf_counter()
+        self.skipped: list[SkippedCheckpoint] = []  # checkpoints this attempt's resume passed
+
+    def _skip(self, item: SkippedCheckpoint) -> None:
+        """A checkpoint the resume passed over: a line on rank 0, an entry of run.json."""
+        self.skipped.append(item)
+        if self.rank == 0:
+            print(
+                f"kfac-hpc train: skipped checkpoint {item.path}: {item.reason}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def wall_s(self) -> float:
         """Seconds of running time of the whole run (earlier attempts included)."""
@@ -172,7 +224,22 @@ class Job:
         user's file that cannot be used is ConfigError naming its option."""
         state = self.method.state
 
-        def fits(checkpoint: LoadedCheckpoint) -> None:
+        def fits(checkpoint: LoadedCheckpoint, named: bool = False) -> None:
+            saved_config = _saved_config(checkpoint)
+            mismatch = training_mismatch(
+                checkpoint.tree,
+                saved_config,
+                method=self.method.name,
+                config_method=self.config.method,
+                optimizer=self.config.optimizer,
+            )
+            if mismatch is not None and named:  # the user's file: refused naming the setting
+                where = f"; {OPTIONS['resume_from'].flag} {checkpoint.path}"
+                raise ConfigError(mismatch.field, mismatch.reason(where))
+            if mismatch is not None:  # the run dir's own (its config hash refused it first)
+                flag = OPTIONS[mismatch.field].flag
+                raise CheckpointMismatchError(f"{flag}: {mismatch.reason()}")
+            self.method.check_checkpoint(saved_config)
             check_restorable(
                 checkpoint,
                 model=self.model,
@@ -180,15 +247,20 @@ class Job:
                 preconditioner=state,
             )
 
-        checkpoint = self.manager.load_latest(fits)
-        if checkpoint is None and self.config.resume_from:
-            with _user_file("resume_from", self.config.resume_from):
-                checkpoint = load_checkpoint(self.config.resume_from)
-                fits(checkpoint)
-        if checkpoint is None:
-            if self.config.init_factors and state is not None:
+        checkpoint = self.manager.load_latest(fits, on_skip=self._skip)
+        error = None
+        try:  # the user's files: read by each rank alone, so all agree before going on
+            if checkpoint is None and self.config.resume_from:
+                with _user_file("resume_from", self.config.resume_from):
+                    checkpoint = load_checkpoint(self.config.resume_from, on_skip=self._skip)
+                    fits(checkpoint, named=True)
+            if checkpoint is None and self.config.init_factors and state is not None:
                 with _user_file("init_factors", self.config.init_factors):
                     init_factors_from(self.config.init_factors, state)
+        except ConfigError as exc:
+            error = exc
+        agree_on_input(error, self.rank, self.world_size, self.comm_device)
+        if checkpoint is None:
             self._broadcast_parameters()
             return Position(0, 0)
         restored = restore_training_state(
@@ -199,6 +271,7 @@ class Job:
             rank=self.rank,
             world_size=self.world_size,
         )
+        self.method.resumed(restored.config)
         return Position(restored.step, restored.step)
 
     def _broadcast_parameters(self) -> None:
@@ -256,7 +329,11 @@ class Job:
             rank=self.rank,
             world_size=self.world_size,
             strategy=self.method.strategy,
-            extra={"attempt": self.attempt, "wall_s": self.wall_s()},
+            extra={
+                "attempt": self.attempt,
+                "wall_s": self.wall_s(),
+                **recorded(self.method.name, self.config.optimizer),
+            },
         )
         (self.writer or self.manager).save(state)
         self.last_ckpt_time = time.perf_counter()
@@ -285,7 +362,7 @@ class Job:
         config = self.config
         while pos.step < self.total_steps:
             if self.fault is not None:
-                self.fault.check(self.rank, pos.step)
+                self.fault.check(self.rank, self.world_size, pos.step, pos.start_step, preemption)
             self.timer.begin_step()
             lr = learning_rate(config, pos.step, self.steps_per_epoch, self.total_steps)
             local = list(self._local_flags(preemption))
@@ -353,4 +430,27 @@ class Job:
         method = {"method": self.method.name, **self.method.run_facts()}
         epochs = step // self.steps_per_epoch
         facts = run_facts(self.config, self.ctx, self.run_dir, method, step, epochs, step_times)
-        return {**facts, "host_memory": str(self.host_memory)}
+        return {
+            **facts,
+            "host_memory": str(self.host_memory),
+            "skipped_checkpoints": self._skipped_records(),
+        }
+
+    def _skipped_records(self) -> list[dict[str, Any]]:
+        """Every checkpoint a resume of this run passed over: the earlier attempts' (from the
+        last run.json) and this one's, each ``{"attempt", "file", "reason"}``."""
+        earlier: list[dict[str, Any]] = []
+        try:
+            previous = json.loads(self.run_dir.run.read_text(encoding="utf-8"))
+            listed = previous.get("skipped_checkpoints") if isinstance(previous, dict) else None
+            if isinstance(listed, list):
+                earlier = [
+                    e
+                    for e in listed
+                    if isinstance(e, dict)
+                    and isinstance(e.get("attempt"), int)
+                    and e["attempt"] < self.attempt
+                ]
+        except (OSError, UnicodeDecodeError, ValueError):  # none yet, or unreadable
+            pass
+        return earlier + [{"attempt": self.attempt, **s.record()} for s in self.skipped]

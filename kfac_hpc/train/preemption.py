@@ -9,6 +9,10 @@ gradient allreduce (no collective of its own) and reads the sum with
 :meth:`~PreemptionHandler.should_stop`, which reduces the flag by itself. The job then
 checkpoints and exits with :data:`REQUEUE_EXIT_CODE`, which the sbatch templates turn into a
 requeue.
+
+Once the attempt's end is on disk (the ``done`` or ``preempted`` marker and run.json), a late
+signal has nothing left to stop: :meth:`PreemptionHandler.settle` ignores the signals from then
+until the process exits, so they cannot turn the exit status of a finished run into a kill.
 """
 
 from __future__ import annotations
@@ -23,7 +27,13 @@ import torch.distributed as dist
 
 from kfac_hpc.contracts import ExitCode
 
-__all__ = ["DEFAULT_SIGNALS", "REQUEUE_EXIT_CODE", "PreemptionHandler", "parse_signal"]
+__all__ = [
+    "DEFAULT_SIGNALS",
+    "REQUEUE_EXIT_CODE",
+    "PreemptionHandler",
+    "ignore_signals",
+    "parse_signal",
+]
 
 REQUEUE_EXIT_CODE = int(ExitCode.PREEMPTED)  # 75, EX_TEMPFAIL
 DEFAULT_SIGNALS = ("USR2", "TERM")
@@ -39,6 +49,13 @@ def parse_signal(value: str | int) -> signal.Signals:
         return signal.Signals[name]
     except KeyError:
         raise ValueError(f"unknown signal {value!r}; use a name like USR2 or TERM") from None
+
+
+def ignore_signals(signals: Sequence[str | int] = DEFAULT_SIGNALS) -> None:
+    """Ignore ``signals`` from now until the process exits (main thread only): the run's end is
+    on disk, so a late signal must not change the exit status."""
+    for sig in signals:
+        signal.signal(parse_signal(sig), signal.SIG_IGN)
 
 
 class PreemptionHandler:
@@ -69,9 +86,17 @@ class PreemptionHandler:
         return self
 
     def uninstall(self) -> None:
-        """Put back the handlers that were there before :meth:`install`."""
+        """Put back the handlers that were there before :meth:`install` (none after
+        :meth:`settle`: the signals stay ignored)."""
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
+        self._previous.clear()
+
+    def settle(self) -> None:
+        """The run's end is written: ignore the signals until the process exits (a late one
+        changes nothing, so it must not kill the rank), and keep them ignored past
+        :meth:`uninstall`."""
+        ignore_signals(self.signals)
         self._previous.clear()
 
     def __enter__(self) -> PreemptionHandler:

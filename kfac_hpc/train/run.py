@@ -18,8 +18,8 @@ from kfac_hpc.contracts import SCHEMA_VERSION, ExitCode, HostMemory, RunDir, wri
 from kfac_hpc.runtime import DistributedContext, init_distributed, keep_freed_host_memory, shutdown
 from kfac_hpc.train.config import ConfigError, TrainConfig, check_run_dir
 from kfac_hpc.train.data import DataSource, load_data
-from kfac_hpc.train.job import Job, Position, TrainingDiverged
-from kfac_hpc.train.preemption import REQUEUE_EXIT_CODE, PreemptionHandler
+from kfac_hpc.train.job import Job, Position, TrainingDiverged, agree_on_input
+from kfac_hpc.train.preemption import REQUEUE_EXIT_CODE, PreemptionHandler, ignore_signals
 from kfac_hpc.train.progress import Progress
 from kfac_hpc.train.records import WindowRecorder
 from kfac_hpc.train.summary import build_summary
@@ -89,13 +89,20 @@ def run_training(config: TrainConfig, root: str | Path) -> int:
     backend = None if config.backend == "auto" else config.backend
     ctx = init_distributed(backend, config.collective_timeout_s)
     run_dir = RunDir(root)
+    error = None
     try:
         data = _check_inputs(config, ctx)
         done = _is_done(config, run_dir)
+    except ConfigError as exc:
+        error = exc
+    try:  # every rank exits 2 if any rank found bad input; the lowest of them says why
+        comm_device = torch.device("cpu") if ctx.backend == "gloo" else ctx.device
+        agree_on_input(error, ctx.rank, ctx.world_size, comm_device)
     except ConfigError:
         shutdown()
         raise
     if done:
+        ignore_signals()  # nothing to stop: a late signal must not turn exit 0 into a kill
         if ctx.rank == 0:
             print(f"{run_dir.root}: already done", flush=True)
         shutdown()
@@ -154,6 +161,7 @@ def _attempt(job: Job, pos: Position, preemption: PreemptionHandler) -> int:
         run_dir.write_marker(state)
     if job.world_size > 1:
         dist.barrier()
+    preemption.settle()  # the end is on disk: a late signal must not change the exit status
     return REQUEUE_EXIT_CODE if end == "preempted" else EXIT_DONE
 
 

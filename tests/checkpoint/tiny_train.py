@@ -97,7 +97,7 @@ def build(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer, o
 
 def main() -> int:
     args = parse()
-    ctx = init_distributed(backend="gloo", timeout_s=60)
+    ctx = init_distributed(backend="gloo", timeout_s=300)
     rank, world = ctx.rank, ctx.world_size
     (args.run / f"pid.{rank}").write_text(str(os.getpid()))
     data, target = load_digits()

@@ -295,7 +295,7 @@ def kaisa_flow(fraction: float, colocate: bool) -> None:
 
 
 def main() -> None:
-    ctx = init_distributed(backend="gloo", timeout_s=120)
+    ctx = init_distributed(backend="gloo", timeout_s=300)
     checks: dict[str, Callable[[], None]] = {
         "bucketed_equals_plain": check_bucketed_equals_plain,
         "bucketed_exact_on_integers": check_bucketed_exact_on_integers,

@@ -165,7 +165,7 @@ def held_factor_tensors(kfac: KFACPreconditioner) -> list[str]:
 
 def main() -> None:
     out_dir = Path(sys.argv[1])
-    ctx = init_distributed(backend="gloo", timeout_s=120)
+    ctx = init_distributed(backend="gloo", timeout_s=300)
     world = dist.get_world_size()
     torch.set_num_threads(1)
     results = {name: run_config(options, ctx.rank, world) for name, options in CONFIGS.items()}

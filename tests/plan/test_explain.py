@@ -70,5 +70,5 @@ def test_plan_explain_of_a_folder_without_runs_is_bad_input(tmp_path: Path) -> N
         main, ["plan", "--explain", str(tmp_path), "--profile", "a100-hdr200"]
     )
     assert result.exit_code == 2
-    assert result.stderr.startswith("kfac-hpc plan: error: explain:")
+    assert result.stderr.startswith("kfac-hpc plan: error: --explain:")
     assert not (tmp_path / PREDICTED).exists()

@@ -11,7 +11,7 @@ from tests.helpers.rank_checks import main_or_leave
 
 
 def main() -> None:
-    ctx = init_distributed(timeout_s=120)
+    ctx = init_distributed(timeout_s=300)
     value = torch.tensor([float(ctx.rank + 1)])
     dist.all_reduce(value)
     line = (

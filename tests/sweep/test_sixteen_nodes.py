@@ -17,6 +17,7 @@ from kfac_hpc.sweep.slurm import max_array_size
 from kfac_hpc.workflows.sweep_flow import wait_for_sweep
 from tests.analysis.checks import assert_report_complete, run_report
 from tests.conftest import clean_env
+from tests.helpers.waiting import wait_until
 from tests.sweep.helpers import cli
 from tests.sweep.test_slurm_sweep import _status_of, _train_step
 
@@ -44,10 +45,10 @@ def _require(condition: bool, why: str) -> None:
 
 
 def _wait_queue_empty(ids: set[str], env: dict[str, str]) -> None:
-    deadline = time.monotonic() + 60
-    while ids & set(_slurm("squeue", "-h", "-o", "%F", env=env).stdout.split()):
-        assert time.monotonic() < deadline, "jobs still queued after cancel"
-        time.sleep(0.5)
+    def queued() -> set[str]:
+        return ids & set(_slurm("squeue", "-h", "-o", "%F", env=env).stdout.split())
+
+    wait_until(lambda: not queued(), "the cancelled jobs leaving the queue", detail=queued)
 
 
 def test_sweep_1_2_4_16_runs_through_preemption_status_and_report(slurm_cluster, tmp_path):
@@ -56,6 +57,9 @@ def test_sweep_1_2_4_16_runs_through_preemption_status_and_report(slurm_cluster,
         "needs 16 nodes: bash slurm/cluster.sh start --nodes 16",
     )
     sweep_dir = tmp_path / "s16"
+    # Rank 0 of the 16-node point holds before step 12 until the USR2 below reaches it: it is
+    # certainly still training when preempted, however fast or slow the machine is.
+    hold = {"KFAC_HPC_FAULT_INJECT": "rank=0,step=12,hold=preempt,world=16"}
     out = cli(
         "sweep",
         "--nodes",
@@ -70,7 +74,7 @@ def test_sweep_1_2_4_16_runs_through_preemption_status_and_report(slurm_cluster,
         "--train-arg=--no-progress",
         "--sweep-dir",
         str(sweep_dir),
-        env=slurm_cluster,
+        env={**slurm_cluster, **hold},
     )
     assert out.returncode == 0, out.stderr
     manifest = read_manifest(sweep_dir)

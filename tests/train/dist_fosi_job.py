@@ -143,7 +143,7 @@ def main() -> None:
             {"world_size": 1, "rank": 0, "results": reference()}, out_dir / "reference_rank0.pt"
         )
         return
-    ctx = init_distributed(backend="gloo", timeout_s=120)
+    ctx = init_distributed(backend="gloo", timeout_s=300)
     results = job(ctx.world_size, ctx.rank)
     torch.save(
         {"world_size": dist.get_world_size(), "rank": ctx.rank, "results": results},

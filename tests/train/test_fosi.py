@@ -69,7 +69,7 @@ def test_the_method_is_one_contract_derived_from_the_switches() -> None:
         ("--lanczos-iters", "3", "--lanczos-iters: must be >= k + l = 4"),
         ("--max-staleness", "100", "--max-staleness: 100 must be < --ese-every 100"),
         ("--fosi-hvp", "magic", "--fosi-hvp: 'magic' is not one of auto"),
-        ("--fosi-clip", "0.5", "--fosi-clip: 0.5 must be >= 1"),
+        ("--fosi-clip", "0.5", "--fosi-clip: 0.5 must be a finite number >= 1"),
     ],
 )
 def test_bad_fosi_options_exit_2_naming_the_flag(tmp_path, flag, value, words) -> None:

@@ -55,7 +55,14 @@ class ExtremeSpectrum:
 
 
 class NonFiniteCurvature(ArithmeticError):
-    """A Hessian-vector product of the ESE is NaN or inf (on some rank)."""
+    """A Hessian-vector product of the ESE is NaN or inf (on some rank). ``step``: the
+    optimizer step of the ESE (None when unknown); ``diverged``: the parameters or the loss
+    were already non-finite (training diverged), not only their curvature."""
+
+    def __init__(self, message: str, *, step: int | None = None, diverged: bool = False) -> None:
+        super().__init__(message)
+        self.step = step
+        self.diverged = diverged
 
 
 def _dot(shard: CoordinateShard, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

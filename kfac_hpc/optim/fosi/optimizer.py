@@ -42,6 +42,16 @@ def _no_lap(phase: str) -> None:
 STATE_FORMAT = "fosi-full-v1"
 
 
+def _same_kind(saved: dict[str, Any], live: dict[str, Any]) -> bool:
+    """Whether a saved parameter group's settings are of the live base's kind (SGD-like,
+    Adam-like; decoupled weight decay or not), for states that do not name their base."""
+    for key in ("betas", "nesterov"):
+        if (key in saved) != (key in live):
+            return False
+    key = "decoupled_weight_decay"
+    return key not in saved or key not in live or bool(saved[key]) == bool(live[key])
+
+
 def _cloned(tree: Any) -> Any:
     """``tree`` with every tensor copied (torch optimizers' state_dict() hands out their live
     buffers, and load_state_dict() keeps a tensor of the right dtype as it is)."""
@@ -96,6 +106,11 @@ class FOSI(torch.optim.Optimizer):
             bounds.append((start, start + size))
             start += size
         self.n, self.bounds = start, bounds
+        if k + l > self.n:
+            raise ValueError(
+                f"FOSI option k={k} (+ l={l}) is invalid: use k + l <= {self.n}, the number of "
+                "parameters"
+            )
         self.pipeline: CurvaturePipeline | None = None
         distributed = dist.is_available() and dist.is_initialized()
         if self.options.curvature_ranks:
@@ -119,6 +134,8 @@ class FOSI(torch.optim.Optimizer):
         self.hvp_mode_used: str | None = None
         self.lanczos_basis_bytes = 0
         self.last_ese_s = 0.0  # seconds of this rank's last ESE (0 on pipelined trainers)
+        self.reestimated_at: list[int] = []  # steps whose ESE replaced eigenpairs dropped
+        self.reestimate_pending = False  # an ESE is due at the next step, whatever the schedule
 
     # -- properties -------------------------------------------------------------------
     @property
@@ -143,7 +160,21 @@ class FOSI(torch.optim.Optimizer):
     # -- the step ---------------------------------------------------------------------
     def _ese_due(self) -> bool:
         o = self.options
+        if self.reestimate_pending:
+            return True
         return self.step_count >= o.warmup and (self.step_count - o.warmup) % o.ese_every == 0
+
+    def reestimate_spectrum(self) -> None:
+        """Drop the eigenpairs and the subspace velocity: the next step runs an ESE whatever
+        the schedule (call it on every rank alike). For a state saved with another ``k`` or
+        ``l`` (:meth:`load_full_state_dict` calls it then); the step is recorded in
+        ``reestimated_at``."""
+        self.eigenvalues = torch.empty(0, dtype=torch.float64)
+        self.vectors = None
+        self.velocity = None
+        self.reestimate_pending = True
+        if self.step_count not in self.reestimated_at:
+            self.reestimated_at.append(self.step_count)
 
     @torch.no_grad()
     def step(  # type: ignore[override]
@@ -157,6 +188,7 @@ class FOSI(torch.optim.Optimizer):
         ``optimizer`` (the update of this rank's slice), ``param_allgather``."""
         lap = lap or _no_lap
         due = self._ese_due()
+        self.reestimate_pending = False
         runs_ese = self.pipeline is None or self.is_curvature_rank
         if due and runs_ese and closure is None:
             raise ValueError(
@@ -250,15 +282,20 @@ class FOSI(torch.optim.Optimizer):
             spectrum = lanczos_extremes(operator, shard, self.options.k, self.options.l, m, seed)
         except NonFiniteCurvature as exc:
             loss = float("nan") if hvp.loss is None else float(hvp.loss)
+            diverged = not (
+                math.isfinite(loss) and bool(torch.isfinite(flatten(self.params)).all())
+            )
             cause = (
                 "the parameters or the loss are not finite: training diverged before this ESE; "
                 "lower the learning rate, alpha or clip"
-                if not (math.isfinite(loss) and bool(torch.isfinite(flatten(self.params)).all()))
+                if diverged
                 else "the loss is finite but its curvature overflowed"
             )
             raise NonFiniteCurvature(
                 f"FOSI: ESE at step {self.step_count}: {exc}; curvature-batch loss {loss:.6g}: "
-                f"{cause}"
+                f"{cause}",
+                step=self.step_count,
+                diverged=diverged,
             ) from None
         if self.model is not None:
             for live, saved in zip(self.model.buffers(), buffers, strict=True):
@@ -302,6 +339,7 @@ class FOSI(torch.optim.Optimizer):
             "ese_count": self.ese_count,
             "staleness": list(self.staleness),
             "hvp_mode_used": self.hvp_mode_used,
+            "reestimated_at": list(self.reestimated_at),
         }
 
     def _load_counters(self, state: dict[str, Any]) -> None:
@@ -309,6 +347,8 @@ class FOSI(torch.optim.Optimizer):
         self.ese_count = int(state["ese_count"])
         self.staleness = [int(s) for s in state["staleness"]]
         self.hvp_mode_used = state["hvp_mode_used"]
+        self.reestimated_at = [int(s) for s in state.get("reestimated_at", [])]
+        self.reestimate_pending = False
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state (its coordinates of V, the velocity and the base state, plus λ
@@ -362,6 +402,9 @@ class FOSI(torch.optim.Optimizer):
             "format": STATE_FORMAT,
             "n": self.n,
             "shapes": [list(p.shape) for p in self.params],
+            "base_optimizer": type(self.base).__name__,
+            "k": self.options.k,
+            "l": self.options.l,
             **self._counters(),
             "eigenvalues": self.eigenvalues.clone(),
             "eigenvectors": whole(self.vectors) if training else None,
@@ -370,13 +413,18 @@ class FOSI(torch.optim.Optimizer):
         }
 
     def load_full_state_dict(self, state: dict[str, Any]) -> None:
-        """Load a :meth:`full_state_dict` saved at any world size: this rank takes its slices."""
+        """Load a :meth:`full_state_dict` saved at any world size: this rank takes its slices.
+
+        ValueError (nothing loaded) when it was saved around another base optimizer class. A
+        state saved with another ``k`` or ``l`` loads without its eigenpairs, which the next
+        step re-estimates (:meth:`reestimate_spectrum`)."""
         shapes = [list(p.shape) for p in self.params]
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"FOSI state: format {state.get('format')!r}, need {STATE_FORMAT!r}")
         if [list(s) for s in state["shapes"]] != shapes:
             raise ValueError("FOSI state: parameter shapes differ from this model's; load it "
                              "into the model it was saved from")  # fmt: skip
+        self._check_base(state)
         self._load_counters(state)
         self.eigenvalues = state["eigenvalues"].to(torch.float64).clone()
         dtype = self.params[0].dtype
@@ -385,3 +433,29 @@ class FOSI(torch.optim.Optimizer):
         self.velocity = None if velocity is None else self.shard.local(velocity).to(dtype).clone()
         if self.sharded_base is not None and state["base"] is not None:
             self.sharded_base.load_full_state(state["base"])
+        if self._other_pairs(state) and (vectors is not None or self.eigenvalues.numel()):
+            self.reestimate_spectrum()
+
+    def _check_base(self, state: dict[str, Any]) -> None:
+        """ValueError when ``state`` was saved around another base optimizer class (older
+        states, without its name: another kind of parameter-group settings)."""
+        mine, saved = type(self.base).__name__, state.get("base_optimizer")
+        if saved is not None and saved != mine:
+            raise ValueError(
+                f"FOSI state: saved around base optimizer {saved}, this FOSI's base is {mine}; "
+                f"load it into a FOSI around {saved}"
+            )
+        groups = (state.get("base") or {}).get("param_groups") if saved is None else None
+        if groups and not _same_kind(groups[0], self.base.param_groups[0]):
+            raise ValueError(
+                f"FOSI state: saved around another base optimizer, this FOSI's base is {mine}; "
+                "load it into a FOSI around the base it was saved with"
+            )
+
+    def _other_pairs(self, state: dict[str, Any]) -> bool:
+        """Whether ``state`` was saved with another ``k`` or ``l`` (older states, without
+        them: more eigenpairs than k + l)."""
+        o = self.options
+        if "k" in state and "l" in state:
+            return (int(state["k"]), int(state["l"])) != (o.k, o.l)
+        return int(state["eigenvalues"].numel()) > o.k + o.l

@@ -1,16 +1,26 @@
 """The options of FOSI / DHO2, validated once when the optimizer is built.
 
 Every invalid value raises ``ValueError`` naming the option, the value and the valid range.
+Only what is mathematically invalid (a wrong type, NaN, a negative count, ...) is refused here;
+the bounds against nonsense (``--fosi-k 2147483647``) are the job's (contracts/options.py).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, cast
 
-from kfac_hpc.optim.fosi.hvp import HVP_MODES, HvpMode
+from kfac_hpc.contracts.option_values import valid_range, validity_problem
+from kfac_hpc.contracts.options import LIBRARY_PARAMETERS, OPTIONS, library_default
+from kfac_hpc.optim.fosi.hvp import HvpMode
 
 __all__ = ["FOSIOptions"]
+
+# FOSI's parameter -> the job's option (contracts/options.py): its default, kind, choices and
+# valid range are the table's.
+_OPTION_OF = LIBRARY_PARAMETERS["fosi"]
+_DEFAULT: dict[str, Any] = {param: library_default(name) for param, name in _OPTION_OF.items()}
 
 
 def _check(ok: bool, name: str, value: object, want: str) -> None:
@@ -22,6 +32,29 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_finite(value: object) -> bool:
+    """A real number (not a bool), neither NaN nor infinite."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_table(name: str, value: object) -> None:
+    """ValueError unless ``value`` of FOSI's parameter ``name`` has its job option's kind,
+    choices and valid range (contracts/options.py); not the job's operational bounds."""
+    option = OPTIONS[_OPTION_OF[name]]
+    if value is None and option.optional:
+        return
+    if option.choices:
+        _check(value in option.choices, name, value, f"one of {', '.join(option.choices)}")
+        return
+    integer = option.kind == "int"
+    kind_ok = _is_int(value) if integer else _is_finite(value)
+    words = valid_range(option) or "a finite number"
+    if integer:
+        words = words.replace("a finite number", "an integer").replace("a number", "an integer")
+    ok = kind_ok and validity_problem(option, cast(float, value)) is None
+    _check(ok, name, value, words + (" or None" if option.optional else ""))
+
+
 @dataclass(frozen=True)
 class FOSIOptions:
     """``k`` largest and ``l`` smallest eigenpairs; ``alpha``: Newton step size in the
@@ -30,43 +63,41 @@ class FOSIOptions:
     ``clip``: bound of the base-update scale λ_max/λ_k (SGD-family bases); ``hvp``: autodiff
     route; ``seed``: of the Lanczos start vectors; ``average_gradients``: FOSI averages the
     gradients over ranks itself (False when DDP already did); ``curvature_ranks``: ranks given to
-    ESE only (0: every rank does both); ``max_staleness``: steps a pipelined ESE may lag."""
+    ESE only (0: every rank does both); ``max_staleness``: steps a pipelined ESE may lag.
 
-    k: int = 10
-    l: int = 0  # noqa: E741 (the paper's name)
-    alpha: float = 0.01
-    momentum: float = 0.9
-    ese_every: int = 100
-    warmup: int = 20
-    lanczos_iters: int | None = None
-    clip: float = 3.0
-    hvp: HvpMode = "auto"
-    seed: int = 0
+    The defaults and valid ranges of the options the job has too are its option table's
+    (contracts/options.py, ``LIBRARY_PARAMETERS``)."""
+
+    k: int = _DEFAULT["k"]
+    l: int = _DEFAULT["l"]  # noqa: E741 (the paper's name)
+    alpha: float = _DEFAULT["alpha"]
+    momentum: float = _DEFAULT["momentum"]
+    ese_every: int = _DEFAULT["ese_every"]
+    warmup: int = _DEFAULT["warmup"]
+    lanczos_iters: int | None = _DEFAULT["lanczos_iters"]
+    clip: float = _DEFAULT["clip"]
+    hvp: HvpMode = _DEFAULT["hvp"]
+    seed: int = _DEFAULT["seed"]
     average_gradients: bool = True
-    curvature_ranks: int = 0
-    max_staleness: int = 0
+    curvature_ranks: int = _DEFAULT["curvature_ranks"]
+    max_staleness: int = _DEFAULT["max_staleness"]
 
     def __post_init__(self) -> None:
-        _check(_is_int(self.k) and self.k >= 0, "k", self.k, "an integer >= 0")
-        _check(_is_int(self.l) and self.l >= 0, "l", self.l, "an integer >= 0")
+        for name in ("k", "l", "alpha", "momentum", "ese_every", "warmup", "lanczos_iters"):
+            _check_table(name, getattr(self, name))
+        # the relations between options, which no single option's range holds
         _check(self.k + self.l >= 1, "k", self.k, "k + l >= 1")
-        _check(math.isfinite(self.alpha) and self.alpha > 0, "alpha", self.alpha, "a number > 0")
-        _check(0 <= self.momentum < 1, "momentum", self.momentum, "a number in [0, 1)")
-        _check(_is_int(self.ese_every) and self.ese_every >= 1, "ese_every", self.ese_every,
-               "an integer >= 1")  # fmt: skip
-        _check(_is_int(self.warmup) and self.warmup >= 0, "warmup", self.warmup, "an integer >= 0")
         iters = self.lanczos_iters
-        _check(iters is None or (_is_int(iters) and iters >= self.k + self.l), "lanczos_iters",
-               iters, f"None or an integer >= k + l = {self.k + self.l}")  # fmt: skip
-        _check(math.isfinite(self.clip) and self.clip >= 1, "clip", self.clip, "a number >= 1")
-        _check(self.hvp in HVP_MODES, "hvp", self.hvp, f"one of {', '.join(HVP_MODES)}")
+        _check(iters is None or iters >= self.k + self.l, "lanczos_iters", iters,
+               f"None or an integer >= k + l = {self.k + self.l}")  # fmt: skip
+        for name in ("clip", "hvp", "curvature_ranks", "max_staleness"):
+            _check_table(name, getattr(self, name))
+        # any integer seeds the Lanczos start vectors (the job's seed >= 0 is the job's bound)
         _check(_is_int(self.seed), "seed", self.seed, "an integer")
         _check(isinstance(self.average_gradients, bool), "average_gradients",
                self.average_gradients, "True or False")  # fmt: skip
-        _check(_is_int(self.curvature_ranks) and self.curvature_ranks >= 0, "curvature_ranks",
-               self.curvature_ranks, "an integer >= 0")  # fmt: skip
-        _check(_is_int(self.max_staleness) and 0 <= self.max_staleness < self.ese_every,
-               "max_staleness", self.max_staleness, "an integer in [0, ese_every)")  # fmt: skip
+        _check(self.max_staleness < self.ese_every, "max_staleness", self.max_staleness,
+               "an integer in [0, ese_every)")  # fmt: skip
 
     @property
     def iterations(self) -> int:

@@ -11,7 +11,7 @@ trees, :class:`~kfac_hpc.method_state.Checkpointable`) and what it adds to ``run
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -22,11 +22,17 @@ from kfac_hpc.method_state import Checkpointable
 from kfac_hpc.train.config import TrainConfig
 from kfac_hpc.train.timing import PhaseTimer
 
-__all__ = ["CurvatureLoss", "Method", "MethodSetup"]
+__all__ = ["CurvatureLoss", "Method", "MethodSetup", "TrainingDiverged"]
 
 # The loss of the current step's batch, recomputed with a fresh autograd graph (no backward
 # run): for methods that need curvature (Hessian-vector products) on some steps.
 CurvatureLoss = Callable[[], torch.Tensor]
+
+
+class TrainingDiverged(ArithmeticError):
+    """The loss, the parameters or a method's curvature became non-finite: the run stops, that
+    state unsaved, and ends ``error`` with this message (no traceback: the user's settings, not
+    a bug). A method's ``step`` raises it for what only the method sees."""
 
 
 @dataclass(frozen=True)
@@ -88,3 +94,14 @@ class Method(ABC):
     def run_facts(self) -> dict[str, Any]:
         """Fields the method adds to ``run.json``."""
         return {}
+
+    def check_checkpoint(self, saved_config: Mapping[str, Any]) -> None:
+        """Raise ``CheckpointMismatchError`` (naming the setting) when a checkpoint saved
+        under ``saved_config`` (its run's config) cannot be resumed with this run's settings;
+        called before anything is loaded."""
+        return None
+
+    def resumed(self, saved_config: Mapping[str, Any]) -> None:
+        """The checkpoint saved under ``saved_config`` is loaded (every rank): say what of it
+        the method re-estimates or drops for this run's settings."""
+        return None

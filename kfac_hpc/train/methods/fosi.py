@@ -13,15 +13,17 @@ takes training rank 0's model.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch.distributed as dist
 
+from kfac_hpc.contracts.options import OPTIONS
 from kfac_hpc.contracts.phases import FOSI_PHASES
 from kfac_hpc.method_state import MethodState, SavedState, UnitShapes
-from kfac_hpc.optim.fosi import FOSI
-from kfac_hpc.train.config import ConfigError
-from kfac_hpc.train.methods.base import CurvatureLoss, Method, MethodSetup
+from kfac_hpc.optim.fosi import FOSI, NonFiniteCurvature
+from kfac_hpc.train.config import ConfigError, TrainConfig
+from kfac_hpc.train.methods.base import CurvatureLoss, Method, MethodSetup, TrainingDiverged
 from kfac_hpc.train.methods.registry import register
 from kfac_hpc.train.optimizers import make_optimizer
 from kfac_hpc.train.timing import PhaseTimer
@@ -54,7 +56,7 @@ class FOSIState:
     def load_checkpoint_state(self, saved: SavedState) -> None:
         try:
             self.optimizer.load_full_state_dict(saved.shared)
-        except ValueError as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             message = f"the checkpoint's FOSI state does not fit: {exc}"
             raise ConfigError("resume_from", message) from None
 
@@ -70,6 +72,7 @@ class FOSIMethod(Method):
     phases = (*FOSI_PHASES, "optimizer")
 
     def __init__(self, setup: MethodSetup) -> None:
+        _check_sizes(setup.config, sum(p.numel() for p in setup.model.parameters()))
         base = make_optimizer(setup.config, setup.model)
         try:
             fosi = FOSI(
@@ -83,12 +86,27 @@ class FOSIMethod(Method):
             raise ConfigError("fosi", str(exc)) from None
         super().__init__(fosi)
         self.fosi = fosi
+        self.config = setup.config
+        self.resume_note: str | None = None  # what a resume re-estimated, said in the log
         self._state = FOSIState(fosi)
         self.ese_s: list[float] = []  # seconds of every ESE this rank ran (this attempt)
 
     def step(self, timer: PhaseTimer, curvature_loss: CurvatureLoss) -> None:
         self.fosi.last_ese_s = 0.0
-        self.fosi.step(curvature_loss, lap=timer.lap)  # charges each part of the step
+        try:
+            self.fosi.step(curvature_loss, lap=timer.lap)  # charges each part of the step
+        except NonFiniteCurvature as exc:  # on every rank alike (allreduced numbers)
+            what, found = (
+                ("loss", "the parameters or the curvature-batch loss")
+                if exc.diverged
+                else ("curvature", "the loss is finite, its Hessian-vector products")
+            )
+            lr, alpha, clip = (OPTIONS[n].flag for n in ("lr", "fosi_alpha", "fosi_clip"))
+            raise TrainingDiverged(
+                f"the {what} became non-finite at step {exc.step} (FOSI's ESE: {found} are "
+                "not finite); the run stopped without checkpointing that state: lower "
+                f"{lr}, {alpha} or {clip} and start a new run"
+            ) from None
         if self.fosi.last_ese_s:
             self.ese_s.append(self.fosi.last_ese_s)
         timer.lap("optimizer")  # what a curvature rank does on a step without an ESE
@@ -132,7 +150,47 @@ class FOSIMethod(Method):
             "hvp_mode_used": fosi.hvp_mode_used,
             "curvature_ranks": 0 if fosi.pipeline is None else fosi.pipeline.curvers,
             "fosi_memory_bytes": memory,
+            "fosi_reestimated_at_steps": list(fosi.reestimated_at),
+            "fosi_resume_note": self.resume_note,
         }
+
+    # A checkpoint of another base optimizer (or method) is refused by name by the job
+    # (methods/resume.py) before this is reached; another k or l is taken and re-estimated.
+    def resumed(self, saved_config: Mapping[str, Any]) -> None:
+        """A checkpoint saved with another --fosi-k or --fosi-l: its eigenpairs are dropped and
+        the next step runs an ESE; said on rank 0's log and in run.json."""
+        fosi, config = self.fosi, self.config
+        saved = (saved_config.get("fosi_k"), saved_config.get("fosi_l"))
+        mine = (config.fosi_k, config.fosi_l)
+        has_spectrum = fosi.eigenvalues.numel() > 0 or fosi.vectors is not None
+        if None not in saved and saved != mine and has_spectrum:
+            fosi.reestimate_spectrum()  # the FOSI state did not say its k and l (older files)
+        if not fosi.reestimate_pending:
+            return
+        k_flag, l_flag = OPTIONS["fosi_k"].flag, OPTIONS["fosi_l"].flag
+        was = f"{k_flag} {saved[0]} {l_flag} {saved[1]}" if None not in saved else "another k, l"
+        self.resume_note = (
+            f"the checkpoint was saved with {was}, this run has {k_flag} {mine[0]} {l_flag} "
+            f"{mine[1]}: its eigenpairs are dropped and re-estimated by an ESE at step "
+            f"{fosi.step_count}"
+        )
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+            print(f"kfac-hpc train: resume: {self.resume_note}", flush=True)
+
+
+def _check_sizes(config: TrainConfig, parameters: int) -> None:
+    """ConfigError unless k + l and the Lanczos steps are below the model's parameter count
+    (before anything is written: more would allocate bases of n x n or beyond)."""
+    pairs = config.fosi_k + config.fosi_l
+    where = f"the {parameters} parameters of {OPTIONS['model'].flag} {config.model}"
+    if pairs >= parameters:
+        name = "fosi_k" if config.fosi_k >= config.fosi_l else "fosi_l"
+        raise ConfigError(name, f"k + l = {pairs} must be below {where}; use fewer eigenpairs")
+    iters = config.lanczos_iters
+    if iters is not None and iters >= parameters:
+        raise ConfigError(
+            "lanczos_iters", f"{iters} must be below {where}; use fewer or leave it out"
+        )
 
 
 register(FOSIMethod.name, FOSIMethod)
