@@ -3,10 +3,10 @@
 1. Write and read of a job's ResNet-50 checkpoint (its model, and the K-FAC factors A and G of
    every conv/linear layer, float32) through CheckpointManager (HDF5, Fletcher-32, fsync,
    rename, `latest`; the read verifies checksums and the schema) versus a raw write of the same
-   tensors' bytes to the same folder (one file, fsync) and a raw read of it. Each repeat runs
-   both paths back to back, alternating which goes first; the ratio is the median of the
-   per-repeat ratios with min and max. Target: HDF5 write and read >= 50% of raw. Every write
-   is a new file, all kept until the end: 2 x repeats x 0.72 GB in --dir.
+   tensors' bytes to the same folder (one file, fsync) and a raw read of it. Each repeat (a
+   round of the harness) runs both paths back to back, alternating which goes first; the ratio
+   is the median of the per-repeat ratios with min and max. Target: HDF5 write and read >= 50%
+   of raw. Every write is a new file, all kept until the end: 2 x repeats x 0.72 GB in --dir.
 2. Resume (load + verify + restore + first step) versus a normal step, small CNN + SGD + K-FAC,
    with the second-order data stored (no recompute) and without (eigendecompositions redone).
 3. Asynchronous checkpoint (``--checkpoint-async``) of the same ResNet-50 state: the time the
@@ -25,20 +25,21 @@ Before each timed write the page cache is synced (``os.sync``), so neither write
 other's dirty pages. On a shared, loaded machine the figures swing by 2-3x between runs: the
 HDF5 path does ~3 passes over memory (copy, checksum, write) where the raw write does one, so
 CPU contention hurts it more than the raw write.
-Usage: .venv/bin/python benchmarks/bench_checkpoint.py [--dir DIR] [--repeats N]
+Usage: .venv/bin/python benchmarks/bench_checkpoint.py [--dir DIR] [--repeats N] [--check]
+(``--rounds`` is the same as ``--repeats``; JSON in benchmarks/results/bench_checkpoint.json).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import harness  # benchmarks/harness.py, beside this script
 import torch
 from torch import nn
 
@@ -56,7 +57,8 @@ from kfac_hpc.optim import KFACPreconditioner
 from kfac_hpc.train.models import build_model
 
 NEVER_PRUNED = 1_000_000  # keep= of the timed managers: nothing is deleted inside a timing
-RESULTS = Path(__file__).resolve().parent / "results" / "checkpoint.json"
+SPEED_TARGET = 0.5  # HDF5 write and read at least half as fast as raw
+ASYNC_TARGET = 0.1  # an asynchronous save blocks the step for at most 10 % of a synchronous one
 
 
 def resnet50_state() -> TrainingState:
@@ -131,34 +133,39 @@ def throughput(directory: Path, repeats: int) -> dict[str, Any]:
     nbytes = state_bytes(state)
     manager = CheckpointManager(directory / "ckpt", keep=NEVER_PRUNED)
     raw_path = directory
-    times: dict[str, list[float]] = {"raw_write": [], "h5_write": [], "raw_read": [], "h5_read": []}
-    path = directory
-    for rep in range(repeats):
-        # Both writers start from a clean page cache state (no dirty data of the other one),
-        # and the order alternates so neither always runs second. Every write is a new file
-        # and none is deleted before the end: a write into the pages a deletion has just freed
-        # ran up to ten times faster here than one into fresh pages (as a job's checkpoints,
-        # minutes apart, get), and which writer came after which deletion decided the ratio.
-        for first in (True, False) if rep % 2 == 0 else (False, True):
-            os.sync()
-            if first:
-                raw_path = directory / f"raw-{rep + 1}.bin"
-                times["raw_write"].append(raw_write(raw_path, state))
-            else:
-                state.step = rep + 1
-                start = time.perf_counter()
-                path = manager.save(state)
-                times["h5_write"].append(time.perf_counter() - start)
+    written: list[Path] = []
+
+    def write_raw(rep: int) -> float:
+        os.sync()  # neither writer pays for the other's dirty pages
+        written.append(directory / f"raw-{rep + 1}.bin")
+        return raw_write(written[-1], state)
+
+    def write_h5(rep: int) -> float:
+        os.sync()
+        state.step = rep + 1
+        start = time.perf_counter()
+        written.append(manager.save(state))
+        return time.perf_counter() - start
+
+    # Every write is a new file and none is deleted before the end: a write into the pages a
+    # deletion has just freed ran up to ten times faster here than one into fresh pages (as a
+    # job's checkpoints, minutes apart, get), and which writer came after which deletion
+    # decided the ratio.
+    writes = harness.interleave({"raw": write_raw, "h5": write_h5}, repeats)
+    raw_path = next(p for p in reversed(written) if p.suffix == ".bin")
+    path = next(p for p in reversed(written) if p.suffix != ".bin")
     # The reads come after all writes: each allocates and frees its 700 MB result, and on
     # this virtual machine whichever write came next paid for faulting that memory back in.
-    for rep in range(repeats):
-        for first in (True, False) if rep % 2 == 0 else (False, True):
-            if first:
-                times["raw_read"].append(raw_read(raw_path, nbytes))
-            else:
-                start = time.perf_counter()
-                load_checkpoint(path)
-                times["h5_read"].append(time.perf_counter() - start)
+    reads = harness.interleave(
+        {"raw": lambda _r: raw_read(raw_path, nbytes), "h5": lambda _r: _timed_load(path)},
+        repeats,
+    )
+    times = {
+        "raw_write": writes["raw"],
+        "h5_write": writes["h5"],
+        "raw_read": reads["raw"],
+        "h5_read": reads["h5"],
+    }
     med = {k: statistics.median(v) for k, v in times.items()}
     gb = nbytes / 1e9
     out: dict[str, Any] = {
@@ -172,13 +179,15 @@ def throughput(directory: Path, repeats: int) -> dict[str, Any]:
     }
     for op in ("write", "read"):
         # each repeat runs both paths back to back: its ratio compares like with like
-        ratios = [r / h for r, h in zip(times[f"raw_{op}"], times[f"h5_{op}"], strict=True)]
-        out[f"{op}_ratio"] = {
-            "median": statistics.median(ratios),
-            "min": min(ratios),
-            "max": max(ratios),
-        }
+        ratios = harness.ratios(times[f"raw_{op}"], times[f"h5_{op}"])
+        out[f"{op}_ratio"] = harness.stats(ratios)
     return out
+
+
+def _timed_load(path: Path) -> float:
+    start = time.perf_counter()
+    load_checkpoint(path)
+    return time.perf_counter() - start
 
 
 def async_blocking(directory: Path, repeats: int) -> dict[str, Any]:
@@ -202,18 +211,12 @@ def async_blocking(directory: Path, repeats: int) -> dict[str, Any]:
         writer.wait()
         total_s.append(time.perf_counter() - start)
         drop_older(manager.path_for(state.step))
-    ratios = [b / s for b, s in zip(blocked_s, sync_s, strict=True)]
     return {
         "repeats": repeats,
         "sync_write_s": statistics.median(sync_s),
         "async_blocked_s": statistics.median(blocked_s),
         "async_total_s": statistics.median(total_s),
-        "blocked_over_sync": {
-            "median": statistics.median(ratios),
-            "min": min(ratios),
-            "max": max(ratios),
-        },
-        "target": 0.10,
+        "blocked_over_sync": harness.stats(harness.ratios(blocked_s, sync_s)),
     }
 
 
@@ -296,18 +299,16 @@ def resume_cost(directory: Path, steps: int = 30, repeats: int = 3) -> dict[str,
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main() -> int:
+    parser = harness.parser(__doc__, rounds=5, rounds_aliases=("--repeats",))
     parser.add_argument("--dir", type=Path, default=None, help="folder on the disk to measure")
-    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    if args.repeats < 1:
-        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    bench = harness.Benchmark("bench_checkpoint")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
-    base = args.dir or Path(__file__).resolve().parent / "results"
+    base = args.dir or harness.RESULTS_DIR
     base.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=base, prefix="bench-ckpt-") as tmp:
-        thr = throughput(Path(tmp), args.repeats)
+        thr = throughput(Path(tmp), args.rounds)
         print(
             f"ResNet-50 checkpoint (model + K-FAC factors of {thr['layers']} layers): "
             f"{thr['state_bytes'] / 1e6:.0f} MB of tensors, file {thr['file_bytes'] / 1e6:.0f} MB"
@@ -318,15 +319,15 @@ def main() -> None:
                 f"  {op:5s}: HDF5 {thr[f'h5_{op}_gb_per_s']:.2f} GB/s, raw "
                 f"{thr[f'raw_{op}_gb_per_s']:.2f} GB/s (medians of {thr['repeats']}) -> HDF5 at "
                 f"{ratio['median']:.0%} of raw (per-repeat min {ratio['min']:.0%}, max "
-                f"{ratio['max']:.0%}; target >= 50%)"
+                f"{ratio['max']:.0%})"
             )
         res = resume_cost(Path(tmp))
-        asy = async_blocking(Path(tmp), args.repeats)
+        asy = async_blocking(Path(tmp), args.rounds)
     ratio = asy["blocked_over_sync"]
     print(
         f"async checkpoint of the same state: step blocked {asy['async_blocked_s'] * 1e3:.0f} ms "
         f"vs synchronous write {asy['sync_write_s'] * 1e3:.0f} ms = {ratio['median']:.1%} (min "
-        f"{ratio['min']:.1%}, max {ratio['max']:.1%}; target <= 10%); background write "
+        f"{ratio['min']:.1%}, max {ratio['max']:.1%}); background write "
         f"{asy['async_total_s'] * 1e3:.0f} ms"
     )
     print(
@@ -340,12 +341,25 @@ def main() -> None:
             f"{r['resume_s'] * 1e3:.1f} ms = {r['resume_over_step']:.1f}x a normal step "
             f"(save {r['save_s'] * 1e3:.1f} ms)"
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps({"schema": 1, "throughput": thr, "resume": res, "async": asy}, indent=2)
+    for op in ("write", "read"):
+        bench.target(
+            f"HDF5 {op} / raw {op} speed",
+            thr[f"{op}_ratio"]["median"],
+            SPEED_TARGET,
+            ">=",
+            "%",
+            f"median of {args.rounds} per-repeat ratios",
+        )
+    bench.target(
+        "async save: step blocked / sync write",
+        asy["blocked_over_sync"]["median"],
+        ASYNC_TARGET,
+        "<=",
+        "%",
+        f"median of {args.rounds} per-repeat ratios",
     )
-    print(f"wrote {RESULTS}")
+    return bench.finish({"throughput": thr, "resume": res, "async": asy}, check=args.check)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -13,14 +13,14 @@ collector costs, whatever else loads the machine), and its peak memory (RSS summ
 parent and its workers, sampled every 10 ms). Targets: first <= 3 s and <= 300 MB; again
 <= 0.5 s. Also measures, side by side on one run, the reader's orjson pass against the
 standard library's json.
-Prints median, min and max over the rounds; writes benchmarks/results/bench_collect.json.
+Prints median, min and max over the rounds and the table of targets (``--check``: exit 1 when
+one is missed); writes benchmarks/results/bench_collect.json.
 
-    .venv/bin/python benchmarks/bench_collect.py [--runs 1000] [--rounds 3]
+    .venv/bin/python benchmarks/bench_collect.py [--runs 1000] [--rounds 3] [--check]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -30,7 +30,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from statistics import median
+
+import harness  # benchmarks/harness.py, beside this script
 
 from kfac_hpc.analysis.cache import CACHE_DIR
 from kfac_hpc.analysis.schema import PHASES
@@ -41,7 +42,6 @@ from tests.synthetic_runs import SyntheticRun, write_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / ".work" / "bench-collect"
-RESULTS = REPO / "benchmarks" / "results" / "bench_collect.json"
 STEPS, WINDOW, STEPS_PER_EPOCH = 7800, 20, 390
 FIRST_S, FIRST_MB, AGAIN_S, CHANGED = 3.0, 300.0, 0.5, 10
 
@@ -141,81 +141,84 @@ def reader_ratio(sweep: Path, repeats: int = 15) -> dict[str, float]:
     return {"orjson_s": min(fast), "stdlib_s": min(stdlib)}
 
 
-def _stats(values: list[float]) -> dict[str, float]:
-    return {"median": median(values), "min": min(values), "max": max(values)}
+def collect_round(sweep: Path, out: Path, changed: list[Path]) -> dict[str, float]:
+    """One round: collect with no cache, then again after ``changed`` runs were touched."""
+    shutil.rmtree(sweep / CACHE_DIR, ignore_errors=True)
+    first = run_collect(sweep, out)
+    for path in changed:  # new mtime, same content: the runs are re-read, results agree
+        os.utime(path)
+    again = run_collect(sweep, out)
+    keys = ("s", "cpu_s", "peak_mb")
+    return {
+        **{f"first_{k}": v for k, v in zip(keys, first, strict=True)},
+        **{f"again_{k}": v for k, v in zip(keys, again, strict=True)},
+    }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=1000, help="run dirs (fewer: a quick run)")
-    parser.add_argument("--rounds", type=int, default=3)
+def main() -> int:
+    parser = harness.parser(__doc__, rounds=3)
+    parser.add_argument(
+        "--runs", type=harness.positive_int, default=1000, help="run dirs (fewer: a quick run)"
+    )
     args = parser.parse_args()
     sweep = sweep_dir(args.runs)
+    bench = harness.Benchmark("bench_collect")
     size_mb = sum(f.stat().st_size for f in sweep.rglob("*") if f.is_file()) / 1e6
     out = DATA / "out"
     changed = [sweep / "runs" / f"p{i:05d}" / "metrics.jsonl" for i in range(CHANGED)]
-    first, first_cpu, first_mb, again, again_cpu, again_mb = [], [], [], [], [], []
-    for _ in range(args.rounds):
-        shutil.rmtree(sweep / CACHE_DIR, ignore_errors=True)
-        wall, cpu, mb = run_collect(sweep, out)
-        first.append(wall)
-        first_cpu.append(cpu)
-        first_mb.append(mb)
-        for path in changed:  # new mtime, same content: the runs are re-read, results agree
-            os.utime(path)
-        wall, cpu, mb = run_collect(sweep, out)
-        again.append(wall)
-        again_cpu.append(cpu)
-        again_mb.append(mb)
+    # one variant: "again" needs the cache "first" wrote, so the two run in this order
+    rounds = harness.interleave(
+        {"collect": lambda _r: collect_round(sweep, out, changed)}, args.rounds
+    )["collect"]
+    figures = {key: harness.Stats.of(r[key] for r in rounds) for key in rounds[0]}
     reader = reader_ratio(sweep)
+    print(
+        f"kfac-hpc collect, {args.runs} run dirs ({size_mb:.0f} MB), {args.rounds} rounds, "
+        f"{os.cpu_count()} CPUs; median (min–max):"
+    )
+    labels = {
+        "first_s": "first collect, wall (s)",
+        "first_cpu_s": "first collect, CPU (s)",
+        "first_peak_mb": "first peak RSS (MB)",
+        "again_s": f"again, {CHANGED} changed, wall (s)",
+        "again_cpu_s": f"again, {CHANGED} changed, CPU (s)",
+        "again_peak_mb": "again peak RSS (MB)",
+    }
+    for key, label in labels.items():
+        print(f"  {label:<32} {figures[key]:.3f}")
+    print(
+        f"  first / again: {figures['first_s'].median / figures['again_s'].median:.1f}x; reader "
+        f"on one run: orjson {reader['orjson_s'] * 1e3:.2f} ms vs json "
+        f"{reader['stdlib_s'] * 1e3:.2f} ms ({reader['stdlib_s'] / reader['orjson_s']:.2f}x)"
+    )
+    note = f"median of {args.rounds} rounds, {args.runs} runs"
+    bench.target("first collect, wall", figures["first_s"].median, FIRST_S, "<=", "s", note)
+    bench.target(
+        "first collect, peak memory", figures["first_peak_mb"].median, FIRST_MB, "<=", "MB", note
+    )
+    bench.target(
+        f"collect again ({CHANGED} runs changed), wall",
+        figures["again_s"].median,
+        AGAIN_S,
+        "<=",
+        "s",
+        note,
+    )
     result = {
-        "benchmark": "collect",
         "runs": args.runs,
         "steps": STEPS,
         "window_steps": WINDOW,
         "sweep_mb": size_mb,
         "rounds": args.rounds,
-        "first_s": _stats(first),
-        "first_cpu_s": _stats(first_cpu),
-        "first_peak_mb": _stats(first_mb),
-        "again_s": _stats(again),
-        "again_cpu_s": _stats(again_cpu),
-        "again_peak_mb": _stats(again_mb),
+        **{key: figures[key].as_dict() for key in labels},
+        "per_round": rounds,
         "reader": reader,
-        "targets": {"first_s": FIRST_S, "first_peak_mb": FIRST_MB, "again_s": AGAIN_S},
-        "load_average_1min": os.getloadavg()[0],
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "machine": platform.machine(),
     }
-    print(
-        f"kfac-hpc collect, {args.runs} run dirs ({size_mb:.0f} MB), {args.rounds} rounds, "
-        f"load average {result['load_average_1min']:.1f} on {os.cpu_count()} CPUs:"
-    )
-    rows = (
-        ("first collect, wall (s)", first, FIRST_S),
-        ("first collect, CPU (s)", first_cpu, None),
-        ("first peak RSS (MB)", first_mb, FIRST_MB),
-        (f"again, {CHANGED} changed, wall (s)", again, AGAIN_S),
-        (f"again, {CHANGED} changed, CPU (s)", again_cpu, None),
-        ("again peak RSS (MB)", again_mb, None),
-    )
-    for name, values, target in rows:
-        s = _stats(values)
-        verdict = "" if target is None else (" PASS" if s["median"] <= target else " MISSED")
-        bound = "" if target is None else f"  target <= {target:g}"
-        print(
-            f"  {name:<32} median {s['median']:8.3f}  min {s['min']:8.3f}  "
-            f"max {s['max']:8.3f}{bound}{verdict}"
-        )
-    print(
-        f"  first / again: {median(first) / median(again):.1f}x; reader on one run: orjson "
-        f"{reader['orjson_s'] * 1e3:.2f} ms vs json {reader['stdlib_s'] * 1e3:.2f} ms "
-        f"({reader['stdlib_s'] / reader['orjson_s']:.2f}x)"
-    )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    return bench.finish(result, check=args.check)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,7 +6,7 @@ ranks (``mpiexec``), one job after the other, each running the same workload:
 * a float32 MLP 1024-1024-1024-10 (2.1 M parameters), SGD with momentum 0.9 as the base, FOSI
   with k = 10, l = 0 (m = 40 Lanczos steps, forward-over-reverse HVPs), training micro-batches
   of 32 and curvature micro-batches of 64 per rank;
-* memory, ROUNDS times: with the model and its gradients already allocated, the kernel's
+* memory, ``--rounds`` times (3): with the model and its gradients already allocated, the kernel's
   resident-set high-water mark of this process is reset (``/proc/self/clear_refs``, 5) and its
   resident set read (``VmRSS``); FOSI is built and runs two plain steps and one step with an
   ESE; the new high-water mark (``VmHWM``) minus that baseline is FOSI's peak: ESE (Lanczos
@@ -14,7 +14,7 @@ ranks (``mpiexec``), one job after the other, each running the same workload:
   what the process really touched (the CPU allocator of torch keeps no statistics);
 * time: per round, the ESE seconds (``last_ese_s``, slowest rank) and the median of five steps
   without ESE, and so the ESE's share of step time at ``ese_every = 100``; and the seconds of
-  one HVP by each autodiff route (median of ROUNDS products).
+  one HVP by each autodiff route (median of ``--rounds`` products).
 
 * in-job communication, at P = 2 and 4: per step, the job's gradient sync (its own
   ``GradientAllreduce``) and FOSI's step with V installed (k = 10, no ESE), both ways the
@@ -32,29 +32,28 @@ ranks (``mpiexec``), one job after the other, each running the same workload:
   reduce-scatter and all-gather (P - 1)/P of the full vector).
 
 Prints median (min, max) over the rounds, max over ranks, the ratios against P = 1, and writes
-benchmarks/results/fosi.json, with the load average before and after. Target: peak memory at
-P = 4 <= 0.3x that of P = 1.
+benchmarks/results/bench_fosi.json, with the load average before and after. Target: peak memory
+at P = 4 <= 0.3x that of P = 1 (``--check``: exit 1 when missed).
 Note: this machine may have fewer cores than 4 ranks; times at P = 4 then share cores.
 """
 
 from __future__ import annotations
 
-import argparse
+import functools
 import gc
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import harness  # benchmarks/harness.py, beside this script
 from memprobe import reset_peak as _reset_peak  # benchmarks/memprobe.py, beside this script
 from memprobe import status_kib as _status_kib
 
 WORLD_SIZES = (1, 2, 4)
 ROUNDS = 3
+TARGET = 0.3  # peak memory at P = 4 over P = 1
 ESE_EVERY = 100
 MIB = 1024 * 1024
 MB = 1e6
@@ -103,8 +102,8 @@ def workload(rank: int) -> tuple[Any, Any, Any]:
     return model, data, backward
 
 
-def measure(rank: int) -> dict[str, Any]:
-    """ROUNDS rounds of FOSI's peak memory (bytes), ESE seconds and step seconds."""
+def measure(rank: int, rounds_count: int) -> dict[str, Any]:
+    """``rounds_count`` rounds of FOSI's peak memory (bytes), ESE seconds and step seconds."""
     import torch
     from torch import nn
 
@@ -115,7 +114,7 @@ def measure(rank: int) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(rank)
     backward()  # gradients exist before the baseline
     rounds: list[dict[str, Any]] = []
-    for _ in range(ROUNDS):
+    for _ in range(rounds_count):
         gc.collect()
         _reset_peak()
         baseline = _status_kib("VmRSS")
@@ -151,7 +150,7 @@ def measure(rank: int) -> dict[str, Any]:
         v = torch.randn(sum(p.numel() for p in model.parameters()), generator=gen)
         hvp(v)
         samples = []
-        for _ in range(ROUNDS):
+        for _ in range(rounds_count):
             started = time.perf_counter()
             hvp(v)
             samples.append(time.perf_counter() - started)
@@ -184,10 +183,11 @@ def _record_collectives(log: list[tuple[str, int, float]]) -> Any:
     return lambda: [setattr(dist, attr, fn) for attr, fn in originals.items()]
 
 
-def measure_comm(rank: int, world: int) -> list[dict[str, Any]]:
-    """Per round and path (COMM_PATHS), the collectives of COMM_STEPS steps of the job's
-    gradient sync (its own ``GradientAllreduce``) and FOSI's step, with V installed (k = 10):
-    payload bytes per kind and step, and the median over steps of their seconds."""
+def measure_comm(rank: int, world: int, rounds_count: int) -> list[dict[str, Any]]:
+    """Per round and path (COMM_PATHS, interleaved: the order alternates from round to round),
+    the collectives of COMM_STEPS steps of the job's gradient sync (its own
+    ``GradientAllreduce``) and FOSI's step, with V installed (k = 10): payload bytes per kind
+    and step, and the median over steps of their seconds."""
     import torch
     import torch.distributed as dist
 
@@ -202,43 +202,44 @@ def measure_comm(rank: int, world: int) -> list[dict[str, Any]]:
     sync = GradientAllreduce(model, world)
     log: list[tuple[str, int, float]] = []
     unwrap = _record_collectives(log)
-    rounds = []
-    for _ in range(ROUNDS):
-        entry = {}
-        for path, (job_allreduces, fosi_reduces) in COMM_PATHS.items():
-            base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-            opt = FOSI(model.parameters(), base, k=10, warmup=10**6, model=model,
-                       average_gradients=fosi_reduces)  # fmt: skip
-            opt.set_spectrum(values, vectors)
-            steps = []
-            for step in range(COMM_STEPS + 1):  # the first is not timed
-                backward()
-                dist.barrier()  # not recorded: the ranks' skew is not communication
-                log.clear()
-                sync([0.0, 0.0], gradients=job_allreduces)
-                opt.step()
-                if step:
-                    steps.append(list(log))
-            kinds = KINDS
-            entry[path] = {
-                "bytes": {k: sum(b for c, b, _ in steps[0] if c == k) for k in kinds},
-                "calls": {k: sum(1 for c, _, _ in steps[0] if c == k) for k in kinds},
-                "seconds": statistics.median(sum(t for _, _, t in st) for st in steps),
-                "seconds_vectors": statistics.median(
-                    sum(t for c, _, t in st if not c.startswith("small")) for st in steps
-                ),
-                "seconds_by_kind": {
-                    k: statistics.median(sum(t for c, _, t in st if c == k) for st in steps)
-                    for k in kinds
-                },
-            }
-            del opt, base
-        rounds.append(entry)
+
+    def one_path(path: str, _round: int) -> dict[str, Any]:
+        job_allreduces, fosi_reduces = COMM_PATHS[path]
+        base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        opt = FOSI(model.parameters(), base, k=10, warmup=10**6, model=model,
+                   average_gradients=fosi_reduces)  # fmt: skip
+        opt.set_spectrum(values, vectors)
+        steps = []
+        for step in range(COMM_STEPS + 1):  # the first is not timed
+            backward()
+            dist.barrier()  # not recorded: the ranks' skew is not communication
+            log.clear()
+            sync([0.0, 0.0], gradients=job_allreduces)
+            opt.step()
+            if step:
+                steps.append(list(log))
+        kinds = KINDS
+        return {
+            "bytes": {k: sum(b for c, b, _ in steps[0] if c == k) for k in kinds},
+            "calls": {k: sum(1 for c, _, _ in steps[0] if c == k) for k in kinds},
+            "seconds": statistics.median(sum(t for _, _, t in st) for st in steps),
+            "seconds_vectors": statistics.median(
+                sum(t for c, _, t in st if not c.startswith("small")) for st in steps
+            ),
+            "seconds_by_kind": {
+                k: statistics.median(sum(t for c, _, t in st if c == k) for st in steps)
+                for k in kinds
+            },
+        }
+
+    measured = harness.interleave(
+        {path: functools.partial(one_path, path) for path in COMM_PATHS}, rounds_count
+    )
     unwrap()
-    return rounds
+    return [{path: measured[path][i] for path in COMM_PATHS} for i in range(rounds_count)]
 
 
-def worker(out: Path) -> None:
+def worker(out: Path, rounds_count: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -246,18 +247,14 @@ def worker(out: Path) -> None:
 
     ctx = init_distributed(backend="gloo", timeout_s=600)
     torch.set_num_threads(1)
-    mine = measure(ctx.rank)
+    mine = measure(ctx.rank, rounds_count)
     if ctx.world_size > 1:
-        mine["comm"] = measure_comm(ctx.rank, ctx.world_size)
+        mine["comm"] = measure_comm(ctx.rank, ctx.world_size, rounds_count)
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     if ctx.rank == 0:
-        out.write_text(json.dumps({"world_size": dist.get_world_size(), "ranks": gathered}))
+        harness.write_worker_result(out, {"world_size": dist.get_world_size(), "ranks": gathered})
     shutdown()
-
-
-def _stats(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def summarise(job: dict[str, Any]) -> dict[str, Any]:
@@ -272,11 +269,12 @@ def summarise(job: dict[str, Any]) -> dict[str, Any]:
              for key in ranks[0]["rounds"][-1]["memory_usage"]}  # fmt: skip
     summary = {
         "world_size": job["world_size"],
+        "rounds": len(per_round),
         "parameters": ranks[0]["parameters"],
-        "peak_bytes_max_rank": _stats(peak),
-        "ese_s": _stats(ese),
-        "step_s": _stats(step),
-        "ese_share_at_interval": _stats(share),
+        "peak_bytes_max_rank": harness.stats(peak),
+        "ese_s": harness.stats(ese),
+        "step_s": harness.stats(step),
+        "ese_share_at_interval": harness.stats(share),
         "memory_usage_max_rank": usage,
         "hvp_s_max_rank": {
             mode: max(r["hvp_s"][mode] for r in ranks) for mode in ranks[0]["hvp_s"]
@@ -301,7 +299,7 @@ def summarise_comm(ranks: list[dict[str, Any]], path: str, world: int) -> dict[s
                 return float(entry["seconds" if kind is None else "seconds_vectors"])
             return float(entry["seconds_by_kind"][kind])
 
-        return _stats([max(of(r, i) for r in ranks) for i in rounds])
+        return harness.stats([max(of(r, i) for r in ranks) for i in rounds])
 
     return {
         "payload_bytes": first["bytes"],
@@ -317,7 +315,7 @@ def report(jobs: list[dict[str, Any]]) -> None:
     one = jobs[0]
     print(f"FOSI/DHO2, MLP of {one['parameters'] / 1e6:.2f} M parameters, k = 10, m = 40, "
           "SGD momentum base, gloo on CPU; median (min..max) of "
-          f"{ROUNDS} rounds, max over ranks")  # fmt: skip
+          f"{one['rounds']} rounds, max over ranks")  # fmt: skip
     print(f"{'P':>2} {'peak MiB':>22} {'vs P=1':>7} {'ESE s':>20} {'step s':>20} "
           f"{'ESE share @' + str(ESE_EVERY):>16}  tally MiB (V, basis, base)")  # fmt: skip
     for job in jobs:
@@ -338,16 +336,13 @@ def report(jobs: list[dict[str, Any]]) -> None:
         print(f"P = {job['world_size']}: one HVP (curvature micro-batch 64, slowest rank): "
               + ", ".join(f"{mode} {sec * 1e3:.0f} ms" for mode, sec in hvp.items()))  # fmt: skip
     report_comm([job for job in jobs if "comm" in job])
-    last = jobs[-1]
-    ratio = last["peak_bytes_max_rank"]["median"] / one["peak_bytes_max_rank"]["median"]
-    verdict = "met" if ratio <= 0.3 else "MISSED"
-    print(
-        f"peak memory at P = {last['world_size']}: {ratio:.3f}x of P = 1 (target <= 0.3): {verdict}"
-    )
 
 
 def report_comm(jobs: list[dict[str, Any]]) -> None:
-    print(f"in-job communication per step (k = 10, no ESE; {COMM_STEPS} steps x {ROUNDS} "
+    if not jobs:
+        return
+    rounds = jobs[0]["rounds"]
+    print(f"in-job communication per step (k = 10, no ESE; {COMM_STEPS} steps x {rounds} "
           "rounds): MB each rank sends (ring model, from the tensors handed to each "
           "collective; payload MB in brackets), seconds in the collectives, slowest rank, "
           "median (min..max), vs the allreduce path")  # fmt: skip
@@ -368,37 +363,36 @@ def report_comm(jobs: list[dict[str, Any]]) -> None:
                   + ")")  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+def main() -> int:
+    args = harness.parser(__doc__, rounds=ROUNDS).parse_args()
     if args.worker is not None:
-        worker(args.worker)
-        return
-    root = Path(__file__).resolve().parent
-    results = root / "results"
-    results.mkdir(exist_ok=True)
-    mpiexec = Path(sys.executable).parent / "mpiexec"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    start = time.perf_counter()
-    load_before = os.getloadavg()
+        worker(args.worker, args.rounds)
+        return 0
+    bench = harness.Benchmark("bench_fosi")
     jobs = []
     for world in WORLD_SIZES:
-        raw = results / f"fosi.p{world}.json"
-        cmd = [str(mpiexec), "-n", str(world), sys.executable, __file__, "--worker", str(raw)]
-        subprocess.run(cmd, env=env, check=True, timeout=900, cwd=root.parent)
-        jobs.append(summarise(json.loads(raw.read_text())))
-        raw.unlink()
-    load = {"before": load_before, "after": os.getloadavg()}
-    summary = {"command": "python benchmarks/bench_fosi.py", "jobs": jobs,
-               "wall_s": time.perf_counter() - start, "load_average": load}  # fmt: skip
-    (results / "fosi.json").write_text(json.dumps(summary, indent=2) + "\n")
+        job = harness.launch(
+            __file__,
+            "--rounds",
+            str(args.rounds),
+            ranks=world,
+            env={"OMP_NUM_THREADS": "1"},
+            timeout=900,
+        )
+        jobs.append(summarise(job))
     report(jobs)
-    print("load average (1, 5, 15 min) before: {:.2f} {:.2f} {:.2f}, after: {:.2f} {:.2f} {:.2f}"
-          .format(*load["before"], *load["after"]))  # fmt: skip
+    one, last = jobs[0], jobs[-1]
+    ratio = last["peak_bytes_max_rank"]["median"] / one["peak_bytes_max_rank"]["median"]
+    bench.target(
+        f"DHO2 peak memory, P = {last['world_size']} / P = 1",
+        ratio,
+        TARGET,
+        "<=",
+        "×",
+        f"max over ranks, median of {args.rounds} rounds",
+    )
+    return bench.finish({"jobs": jobs}, check=args.check)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

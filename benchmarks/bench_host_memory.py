@@ -1,6 +1,6 @@
 """Keeping freed host memory (the job's default) against glibc's default, from real steps.
 
-    .venv/bin/python benchmarks/bench_host_memory.py [--rounds 5]
+    .venv/bin/python benchmarks/bench_host_memory.py [--rounds 5] [--check]
 
 ``kfac_hpc.runtime.keep_freed_host_memory()`` changes process-wide malloc settings that cannot
 be undone, so every measurement is a fresh child process. A round runs one child per setting
@@ -11,25 +11,25 @@ factors every 10 steps and eigendecompositions every 100 (110 steps: 11 factor s
 eigendecomposition step), and with both every step; step 0 of each is the warm-up. It reports
 each configuration's mean step and minor page faults per step, and its own peak resident set.
 The report prints kept / default per configuration as the median of the per-round ratios with
-their min and max, the page faults and the peak resident sets. JSON in
-benchmarks/results/bench_host_memory.json.
+their min and max, the page faults and the peak resident sets. Targets: faster steps (kept /
+default <= 1 in every configuration) and the same peak (kept / default <= 1.05); ``--check``
+exits 1 when one is missed. JSON in benchmarks/results/bench_host_memory.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import resource
-import statistics
-import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # benchmarks/harness.py, beside this script
 from bench_kfac import THREADS, Trainer
 from bench_kfac_floor import EVERY, SPARSE
 from memprobe import status_bytes
@@ -37,7 +37,7 @@ from memprobe import status_bytes
 from kfac_hpc.contracts import HostMemory
 from kfac_hpc.runtime import keep_freed_host_memory
 
-RESULTS = Path(__file__).resolve().parent / "results" / "bench_host_memory.json"
+PEAK_SAME = 1.05  # "the same peak": kept / default within 5 %
 SETTINGS = (str(HostMemory.DEFAULT), str(HostMemory.KEPT))
 # configuration: (K-FAC options, consecutive steps after the warm-up)
 CONFIGS: dict[str, tuple[dict[str, int], int]] = {
@@ -73,34 +73,26 @@ def child(setting: str) -> dict[str, Any]:
     return out
 
 
-def _run_child(setting: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child", setting], capture_output=True, text=True, check=False
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"bench_host_memory: the {setting} child failed:\n{proc.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
-    return result
-
-
-def _summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def summarise(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    """Per configuration: kept / default step ratios and both settings' steps and faults."""
-    result: dict[str, Any] = {"rounds": len(rounds)}
+def summarise(measured: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per configuration: kept / default step ratios per round and both settings' steps and
+    faults; the peak resident sets and their ratio per round."""
+    kept, default = measured[str(HostMemory.KEPT)], measured[str(HostMemory.DEFAULT)]
+    result: dict[str, Any] = {"rounds": len(kept)}
     for name in CONFIGS:
-        ratios = [r["kept"][name]["step_s"] / r["default"][name]["step_s"] for r in rounds]
-        result[name] = {"kept_vs_default": _summary(ratios)}
+        ratios = harness.ratios(
+            [r[name]["step_s"] for r in kept], [r[name]["step_s"] for r in default]
+        )
+        result[name] = {"kept_vs_default": harness.stats(ratios)}
         for setting in SETTINGS:
             result[name][setting] = {
-                key: _summary([r[setting][name][key] for r in rounds])
+                key: harness.stats(r[name][key] for r in measured[setting])
                 for key in ("step_s", "faults_per_step")
             }
     result["peak_rss_bytes"] = {
-        s: _summary([float(r[s]["peak_rss_bytes"]) for r in rounds]) for s in SETTINGS
+        s: harness.stats(float(r["peak_rss_bytes"]) for r in measured[s]) for s in SETTINGS
     }
+    peaks = [[float(r["peak_rss_bytes"]) for r in runs] for runs in (kept, default)]
+    result["peak_kept_vs_default"] = harness.stats(harness.ratios(*peaks))
     return result
 
 
@@ -124,29 +116,39 @@ def _print(result: dict[str, Any]) -> None:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5, help="rounds (one child per setting)")
+def main() -> int:
+    parser = harness.parser(__doc__, rounds=5)
     parser.add_argument("--child", choices=SETTINGS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child)))
-        return
-    if args.rounds < 1:
-        raise SystemExit("bench_host_memory: --rounds must be >= 1")
-    rounds = []
-    for index in range(args.rounds):
-        load = Path("/proc/loadavg").read_text().split()[0]
-        order = SETTINGS if index % 2 == 0 else SETTINGS[::-1]
-        measured = {setting: _run_child(setting) for setting in order}
-        rounds.append(measured)
-        ratio = measured["kept"]["kfac_1_1"]["step_s"] / measured["default"]["kfac_1_1"]["step_s"]
-        print(f"round {index + 1} (load {load}): kept / default at 1/1 {ratio:.3f}", flush=True)
-    result = summarise(rounds)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+        harness.write_worker_result(args.worker, child(args.child))
+        return 0
+    bench = harness.Benchmark("bench_host_memory")
+
+    def one_child(setting: str) -> Callable[[int], dict[str, Any]]:
+        return lambda _round: dict(harness.launch(__file__, "--child", setting, quiet=True))
+
+    def show(index: int, setting: str, out: dict[str, Any]) -> None:
+        step_ms = out["kfac_1_1"]["step_s"] * 1e3
+        load = harness.load_average()
+        print(f"round {index + 1}: {setting:<7} 1/1 step {step_ms:.1f} ms (load {load:.2f})")
+
+    measured = harness.interleave({s: one_child(s) for s in SETTINGS}, args.rounds, on_measure=show)
+    result = summarise(measured)
     _print(result)
+    for name in CONFIGS:
+        ratio = result[name]["kept_vs_default"]["median"]
+        bench.target(f"{name} step, kept / default", ratio, 1.0, "<=", "×", "faster steps")
+    bench.target(
+        "peak resident set, kept / default",
+        result["peak_kept_vs_default"]["median"],
+        PEAK_SAME,
+        "<=",
+        "×",
+        "the same peak",
+    )
+    return bench.finish(result, check=args.check)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -4,10 +4,10 @@ Two measurements, side by side in one run:
 
 - A/B: the real loop (`Job.loop`) runs blocks of steps with instrumentation on (PhaseTimer +
   WindowRecorder writing metrics.jsonl every `log_every` steps) and off (NullTimer +
-  NullRecorder), interleaved, alternating which goes first. Reported: the median of the paired
-  ratios (on / off - 1) and the ratio of the fastest blocks. On a shared machine other
-  processes make single blocks much slower, so the A/B figure is only as good as the machine
-  is quiet.
+  NullRecorder), in interleaved rounds, alternating which goes first. Reported: the median, min
+  and max of the per-round ratios (on / off - 1) and the ratio of the fastest blocks. On a
+  shared machine other processes make single blocks much slower, so the A/B figure is only as
+  good as the machine is quiet.
 - direct: the instrumentation calls of one step (phase laps, K-FAC timings, loss accumulation)
   and one window close (gather + JSON line) timed on their own, best of several repetitions,
   divided by the fastest step time without instrumentation. This is the cost itself, without
@@ -15,15 +15,13 @@ Two measurements, side by side in one run:
 
 Two cases: the small CNN without K-FAC (the shortest step, the worst case) and with K-FAC, on
 synthetic CIFAR-shaped data with many samples, so no epoch boundary (evaluation) falls inside
-a block. Run: .venv/bin/python benchmarks/bench_instrumentation.py [--reps 10 --steps 40]
+a block. Run: .venv/bin/python benchmarks/bench_instrumentation.py [--rounds 10 --steps 40]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +29,7 @@ from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import harness  # benchmarks/harness.py, beside this script
 import torch  # after OMP_NUM_THREADS: torch reads it at import
 
 from kfac_hpc.contracts import RunDir
@@ -44,7 +43,6 @@ from kfac_hpc.train.records import NullRecorder, WindowRecorder
 from kfac_hpc.train.timing import NullTimer, PhaseTimer
 
 TARGET = 0.02
-RESULTS = Path(__file__).resolve().parent / "results" / "bench_instrumentation.json"
 
 
 def _block(job: Job, pos: Position, instrumented: bool, steps: int, run_dir: RunDir) -> float:
@@ -100,23 +98,23 @@ def measure(
     job = Job(config, ctx, run_dir, load_data(config))
     pos = Position(0, 0)
     _block(job, pos, True, steps, run_dir)  # warm-up
-    on, off, ratios = [], [], []
-    for rep in range(reps):
-        order = (True, False) if rep % 2 == 0 else (False, True)
-        seconds = {mode: _block(job, pos, mode, steps, run_dir) for mode in order}
-        on.append(seconds[True])
-        off.append(seconds[False])
-        ratios.append(seconds[True] / seconds[False] - 1.0)
+    seconds = harness.interleave(
+        {
+            mode: lambda _r, m=mode: _block(job, pos, m == "on", steps, run_dir)
+            for mode in ("on", "off")
+        },
+        reps,
+    )
+    on, off = seconds["on"], seconds["off"]
+    ratios = [r - 1.0 for r in harness.ratios(on, off)]
     cost_s = direct_cost_s(run_dir, config.log_every)
     return {
         "kfac": kfac,
         "batch_size": batch,
-        "step_s_on_median": statistics.median(on),
-        "step_s_off_median": statistics.median(off),
-        "step_s_off_min": min(off),
-        "ab_overhead_median": statistics.median(ratios),
+        "step_s_on": harness.stats(on),
+        "step_s_off": harness.stats(off),
+        "ab_overhead": harness.stats(ratios),
         "ab_overhead_of_fastest": min(on) / min(off) - 1.0,
-        "ab_overhead_range": [min(ratios), max(ratios)],
         "instrumentation_s_per_step": cost_s,
         "overhead": cost_s / min(off),
         "reps": reps,
@@ -124,35 +122,32 @@ def measure(
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--steps", type=int, default=40)
+def main() -> int:
+    parser = harness.parser(__doc__, rounds=10, rounds_aliases=("--reps",))
+    parser.add_argument("--steps", type=harness.positive_int, default=40)
     args = parser.parse_args()
+    bench = harness.Benchmark("bench_instrumentation")
     torch.set_num_threads(1)
     ctx = init_distributed("gloo")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         # K-FAC steps are ~10x longer: fewer, smaller ones keep the run short
         for kfac, batch, steps in ((False, 32, args.steps), (True, 8, max(5, args.steps // 4))):
-            r = measure(kfac, args.reps, steps, batch, ctx, Path(tmp))
+            r = measure(kfac, args.rounds, steps, batch, ctx, Path(tmp))
             results.append(r)
+            ab = harness.Stats(**r["ab_overhead"]).scaled(100)
             print(
                 f"{'K-FAC' if kfac else 'SGD  '} small_cnn b{batch}: step "
-                f"{r['step_s_off_min'] * 1e3:.2f} ms; instrumentation "
+                f"{r['step_s_off']['min'] * 1e3:.2f} ms; instrumentation "
                 f"{r['instrumentation_s_per_step'] * 1e6:.1f} us/step = "
-                f"{100 * r['overhead']:.3f}% (direct); A/B on vs off: median "
-                f"{100 * r['ab_overhead_median']:+.2f}%, fastest blocks "
-                f"{100 * r['ab_overhead_of_fastest']:+.2f}%, range "
-                f"{100 * r['ab_overhead_range'][0]:+.1f}%..{100 * r['ab_overhead_range'][1]:+.1f}%"
+                f"{100 * r['overhead']:.3f}% (direct); A/B on vs off, per round: {ab:+.2f} %, "
+                f"fastest blocks {100 * r['ab_overhead_of_fastest']:+.2f} %"
             )
+            name = f"{'SGD+K-FAC' if kfac else 'SGD'} small CNN: instrumentation / step"
+            bench.target(name, r["overhead"], TARGET, "<=", "%", "direct, fastest step")
     shutdown()
-    ok = all(r["overhead"] <= TARGET for r in results)
-    print(f"target <= {100 * TARGET:.0f}% of step time (direct): {'met' if ok else 'NOT met'}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"target": TARGET, "met": ok, "cases": results}, indent=1))
-    print(f"wrote {RESULTS}")
+    return bench.finish({"cases": results}, check=args.check)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

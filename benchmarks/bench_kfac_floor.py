@@ -16,7 +16,8 @@ and ``--every-steps`` consecutive steps with both every step (expand and reduce)
 every trainer is the warm-up; with 110 steps each 10/100 run holds 11 factor steps and exactly
 one eigendecomposition step. A ratio is the mean step of a configuration over the mean SGD step
 of the same round; the report prints the median of the rounds' ratios with their min and max
-(rounds are interleaved: each holds every configuration) and each round's load average.
+(rounds are interleaved: each holds every configuration, the order rotating from round to
+round) and each round's load average.
 
 The floor of expand K-FAC is SGD's step plus ``torch.matmul`` run on the shapes of the GEMMs
 that the factor computation executes (recorded by the profiler, so the count follows whatever
@@ -35,12 +36,14 @@ kfac_pytorch side by side: the first round tries ``pip install --no-deps kfac-py
 throwaway directory (never a project dependency) and runs it with the same options; where the
 package index cannot provide it, the round records why and that row is skipped.
 
-``--report`` writes benchmarks/results/bench_kfac_floor.json.
+``--report`` prints the table of targets (expand ≤ 1.10× its floor at both mixes, K-FAC-reduce
+≤ 1.10× and ≤ 3.0× SGD, executed factor rate ≥ 90 % of ``torch.matmul``, ≤ 0.5× kfac_pytorch's
+step at 1/1) and writes benchmarks/results/bench_kfac_floor.json; with ``--check`` it exits 1
+when a target is missed.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import importlib
 import json
@@ -56,15 +59,17 @@ from typing import Any, NoReturn
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # benchmarks/harness.py, beside this script
 from bench_kfac import BATCH, THREADS, Trainer, _capture, _model
 
 from kfac_hpc.optim import KFACPreconditioner
+from kfac_hpc.optim.decompose_and_broadcast import SIDE_BY_SIDE_MAX_N
 from kfac_hpc.optim.host_threads import map_side_by_side
-from kfac_hpc.optim.second_order_update import SIDE_BY_SIDE_MAX_N
 
-RESULTS = Path(__file__).resolve().parent / "results" / "bench_kfac_floor.json"
-RECORD = RESULTS.with_suffix(".rounds.json")
-SCHEMA = 3  # 3: the parts time the decompositions both one after the other and side by side
+RECORD = harness.RESULTS_DIR / "bench_kfac_floor.rounds.json"
+# 3: the parts time the decompositions both one after the other and side by side; 4: the
+# configurations of a round rotate their order (harness.rotation), the load is the 1-minute one
+SCHEMA = 4
 SPARSE = {"factor_update_steps": 10, "inv_update_steps": 100}
 EVERY = {"factor_update_steps": 1, "inv_update_steps": 1}
 TARGETS = {
@@ -73,6 +78,7 @@ TARGETS = {
     "reduce_10_100_vs_sgd": 1.10,
     "reduce_1_1_vs_sgd": 3.0,
     "executed_vs_matmul": 0.90,
+    "vs_kfac_pytorch_1_1": 0.5,
 }
 
 
@@ -92,12 +98,10 @@ def _consecutive(trainer: Trainer, steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def _summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def bench_round(steps: int, every_steps: int, foreign: Any) -> dict[str, float]:
-    """Mean seconds per step of every configuration, run one after the other."""
+def bench_round(index: int, steps: int, every_steps: int, foreign: Any) -> dict[str, float]:
+    """Mean seconds per step of every configuration, run one after the other; round ``index``
+    starts at configuration ``index`` mod their number (the harness's rotation), so that no
+    configuration always runs first."""
     trainers: dict[str, Callable[[], Trainer]] = {
         "sgd": Trainer,
         "expand_10_100": lambda: Trainer(**SPARSE),
@@ -109,8 +113,8 @@ def bench_round(steps: int, every_steps: int, foreign: Any) -> dict[str, float]:
         trainers["kfac_pytorch_10_100"] = lambda: ForeignTrainer(foreign, **SPARSE)
         trainers["kfac_pytorch_1_1"] = lambda: ForeignTrainer(foreign, **EVERY)
     step_s: dict[str, float] = {}
-    for name, make in trainers.items():
-        trainer = make()
+    for name in harness.rotation(list(trainers), index):
+        trainer = trainers[name]()
         trainer.step()  # warm-up: allocator, the first factors and decompositions
         step_s[name] = _consecutive(trainer, every_steps if name.endswith("1_1") else steps)
         print(f"  {name:<20} {step_s[name] * 1e3:8.1f} ms/step", flush=True)
@@ -148,15 +152,19 @@ def _executed_gemms(fn: Callable[[], object]) -> collections.Counter[tuple[int, 
     return gemms
 
 
-def _best_of(fns: list[Callable[[], object]], repeats: int) -> list[float]:
-    """Median of ``repeats`` alternating runs of each function."""
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for i, fn in enumerate(fns):
+def _medians(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Median seconds of each function over ``rounds`` interleaved rounds."""
+
+    def timed(fn: Callable[[], object]) -> Callable[[int], float]:
+        def call(_round: int) -> float:
             start = time.perf_counter()
             fn()
-            times[i].append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
+            return time.perf_counter() - start
+
+        return call
+
+    runs = harness.interleave({name: timed(fn) for name, fn in fns.items()}, rounds)
+    return {name: statistics.median(values) for name, values in runs.items()}
 
 
 def bench_floor_parts(repeats: int) -> dict[str, float]:
@@ -194,7 +202,10 @@ def bench_floor_parts(repeats: int) -> dict[str, float]:
         for rows in full_operands:
             torch.matmul(rows.mT, rows)
 
-    t_ours, t_executed, t_full = _best_of([ours, matmul_executed, matmul_full], repeats)
+    gemm_s = _medians(
+        {"ours": ours, "matmul_executed": matmul_executed, "matmul_full": matmul_full}, repeats
+    )
+    t_ours, t_executed, t_full = gemm_s["ours"], gemm_s["matmul_executed"], gemm_s["matmul_full"]
     damped = sorted(
         (f + 1e-3 * torch.eye(f.shape[-1]) for f in factors), key=lambda f: -f.shape[-1]
     )
@@ -211,9 +222,11 @@ def bench_floor_parts(repeats: int) -> dict[str, float]:
             torch.linalg.eigh(f)
         map_side_by_side(torch.linalg.eigh, narrow, torch.device("cpu"))
 
-    t_sequential, t_side = _best_of(
-        [eigen_one_after_the_other, eigen_side_by_side], max(1, repeats // 2)
+    eigh_s = _medians(
+        {"sequential": eigen_one_after_the_other, "side_by_side": eigen_side_by_side},
+        max(1, repeats // 2),
     )
+    t_sequential, t_side = eigh_s["sequential"], eigh_s["side_by_side"]
     return {
         "factor_gflop_effective": effective / 1e9,
         "factor_gflop_executed": executed / 1e9,
@@ -260,10 +273,6 @@ def _foreign_module(skip: bool) -> tuple[Any, str]:
     return importlib.import_module("kfac.preconditioner"), "installed"
 
 
-def _load_average() -> list[float]:
-    return [float(v) for v in Path("/proc/loadavg").read_text().split()[:3]]
-
-
 def _fail(message: str) -> NoReturn:
     print(f"bench_kfac_floor: {message}", file=sys.stderr)
     raise SystemExit(2)
@@ -288,8 +297,8 @@ def _recorded(settings: dict[str, int], fresh: bool) -> dict[str, Any]:
     return record
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main() -> int:
+    parser = harness.parser(__doc__)
     parser.add_argument("--round", action="store_true", help="run one round of every config")
     parser.add_argument("--parts", action="store_true", help="measure the floor's parts")
     parser.add_argument("--report", action="store_true", help="summarise the recorded rounds")
@@ -300,29 +309,72 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps < 1 or args.every_steps < 1:
         _fail("--steps and --every-steps must be >= 1")
+    bench = harness.Benchmark("bench_kfac_floor")
     torch.set_num_threads(THREADS)
     settings = {"steps": args.steps, "every_steps": args.every_steps}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RECORD.parent.mkdir(parents=True, exist_ok=True)
     record = _recorded(settings, args.fresh)
     default = not (args.round or args.parts or args.report)
     if args.parts or (default and not record["parts"]):
-        load = _load_average()
+        load = harness.load_average()
         record["parts"].append({"load_avg": load, **bench_floor_parts(repeats=5)})
         RECORD.write_text(json.dumps(record, indent=2) + "\n")
         print(f"floor parts recorded ({len(record['parts'])} in all)")
     if args.round or default:
         foreign, record["kfac_pytorch"] = _foreign_module(args.no_kfac_pytorch)
-        load = _load_average()
-        print(f"round {len(record['rounds']) + 1} (load average {load[0]:.2f}):", flush=True)
-        step_s = bench_round(args.steps, args.every_steps, foreign)
+        load = harness.load_average()
+        index = len(record["rounds"])
+        print(f"round {index + 1} (load average {load:.2f}):", flush=True)
+        step_s = bench_round(index, args.steps, args.every_steps, foreign)
         record["rounds"].append({"load_avg": load, "step_s": step_s})
         RECORD.write_text(json.dumps(record, indent=2) + "\n")
     if args.report or default:
         if not record["rounds"] or not record["parts"]:
             _fail("nothing to report: record the floor parts (--parts) and rounds (--round)")
         result = summarise(record)
-        RESULTS.write_text(json.dumps(result, indent=2) + "\n")
         _print(result)
+        declare_targets(bench, result)
+        return bench.finish(result, check=args.check)
+    return 0
+
+
+def declare_targets(bench: harness.Benchmark, r: dict[str, Any]) -> None:
+    """The targets: medians of the per-round ratios; the factor rate from the parts."""
+    note = f"median of {r['rounds']} rounds"
+    for mix, label in (("10_100", "10/100"), ("1_1", "1/1")):
+        bench.target(
+            f"expand K-FAC {label} / its floor",
+            r["ratio_vs_floor"][f"expand_{mix}"]["median"],
+            TARGETS[f"expand_{mix}_vs_floor"],
+            "<=",
+            "×",
+            note,
+        )
+        bench.target(
+            f"K-FAC-reduce {label} / SGD",
+            r["ratio_vs_sgd"][f"reduce_{mix}"]["median"],
+            TARGETS[f"reduce_{mix}_vs_sgd"],
+            "<=",
+            "×",
+            note,
+        )
+    bench.target(
+        "factor GEMMs / torch.matmul rate",
+        r["executed_vs_matmul"],
+        TARGETS["executed_vs_matmul"],
+        ">=",
+        "%",
+        "executed FLOPs, same shapes",
+    )
+    ours, theirs = r["step_s"].get("expand_1_1"), r["step_s"].get("kfac_pytorch_1_1")
+    bench.target(
+        "K-FAC 1/1 step / kfac_pytorch's",
+        statistics.median(harness.ratios(ours, theirs)) if ours and theirs else None,
+        TARGETS["vs_kfac_pytorch_1_1"],
+        "<=",
+        "×",
+        r["kfac_pytorch"],
+    )
 
 
 def summarise(record: dict[str, Any]) -> dict[str, Any]:
@@ -334,7 +386,7 @@ def summarise(record: dict[str, Any]) -> dict[str, Any]:
     parts_keys = [k for k in record["parts"][0] if k != "load_avg"]
     parts = {k: statistics.median(p[k] for p in record["parts"]) for k in parts_keys}
     ratios = {
-        name: _summary([t / s for t, s in zip(times, sgd, strict=True)])
+        name: harness.stats(harness.ratios(times, sgd))
         for name, times in steps.items()
         if name != "sgd"
     }
@@ -342,10 +394,7 @@ def summarise(record: dict[str, Any]) -> dict[str, Any]:
     # the floor as defined before decompositions ran side by side, for comparison
     sequential = _floors(sgd, parts["floor_factor_s"], parts["eigh_sequential_s"])
     vs_floor, vs_sequential_floor = (
-        {
-            name: _summary([t / f for t, f in zip(steps[name], fl, strict=True)])
-            for name, fl in fls.items()
-        }
+        {name: harness.stats(harness.ratios(steps[name], fl)) for name, fl in fls.items()}
         for fls in (floors, sequential)
     )
     return {
@@ -439,12 +488,11 @@ def _print(r: dict[str, Any]) -> None:
         f"{r['eigh_sequential_s'] * 1e3:.0f} ms, side by side with one thread each "
         f"{r['eigh_side_by_side_s'] * 1e3:.0f} ms)"
     )
-    loads = ", ".join(f"{v[0]:.2f}" for v in r["load_avg_per_round"])
+    loads = ", ".join(f"{v:.2f}" for v in r["load_avg_per_round"])
     print(f"  load average (1 min) at the start of each round: {loads}")
     if r["rounds"] < 3:
         print(f"  only {r['rounds']} round(s) recorded: run --round until there are >= 3")
-    print(f"  wrote {RESULTS}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -3,10 +3,11 @@
 One command: ``.venv/bin/python benchmarks/bench_kfac_memory.py`` starts itself as 4 real ranks
 (``mpiexec -n 4``, gloo, CPU) and, side by side in that one job:
 
-1. memory from real allocations, ROUNDS rounds after one discarded warm-up round (the
-   process's first-use costs, e.g. gloo's and LAPACK's buffers, would otherwise count for
-   whichever strategy runs first), each strategy in turn: ResNet-32 (batch 16 per
-   rank = 64 global, 32x32x3 inputs) with its gradients allocated; the process's resident set
+1. memory from real allocations, ``--rounds`` rounds (3) after one discarded warm-up round
+   (the process's first-use costs, e.g. gloo's and LAPACK's buffers, would otherwise count for
+   whichever strategy runs first), each strategy in turn, the order rotating per round:
+   ResNet-32 (batch 16 per rank = 64 global, 32x32x3 inputs) with its gradients allocated; the
+   process's resident set
    (``VmRSS``) and the peak of one plain forward/backward (``VmHWM`` after a reset through
    ``/proc/self/clear_refs``) are the baseline; the preconditioner is built and runs warm-up
    steps (factors and eigendecompositions every step); then *steady state* = VmRSS after a step
@@ -24,23 +25,22 @@ One command: ``.venv/bin/python benchmarks/bench_kfac_memory.py`` starts itself 
 3. times the MEM-OPT gradient broadcast (every layer's gradient from its owner to all ranks)
    with one broadcast per layer and with ``AsyncBroadcaster``'s per-owner buckets.
 
-Prints the ratios and writes benchmarks/results/kfac_memory.json. Target: peak K-FAC memory
-under MEM-OPT <= 0.3x that of COMM-OPT (max over ranks).
+Prints the ratios and writes benchmarks/results/bench_kfac_memory.json. Target: peak K-FAC
+memory under MEM-OPT <= 0.3x that of COMM-OPT (max over ranks; ``--check``: exit 1 when
+missed).
 """
 
 from __future__ import annotations
 
-import argparse
+import functools
 import gc
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import harness  # benchmarks/harness.py, beside this script
 from memprobe import reset_peak as _reset_peak  # benchmarks/memprobe.py, beside this script
 from memprobe import status_bytes as _status_bytes
 
@@ -52,6 +52,7 @@ ROUNDS = 3
 MIB = 1024 * 1024
 REPEATS = 5
 MMAP_THRESHOLD = 128 * 1024
+TARGET = 0.3  # peak K-FAC memory, MEM-OPT / COMM-OPT
 
 
 def measure_strategy(strategy: str, rank: int) -> dict[str, Any]:
@@ -184,7 +185,7 @@ def factor_comm(shapes: dict[str, list[list[int]]], rank: int) -> dict[str, Any]
     }
 
 
-def worker(out: Path) -> None:
+def worker(out: Path, rounds: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -193,41 +194,41 @@ def worker(out: Path) -> None:
     ctx = init_distributed(backend="gloo", timeout_s=300)
     assert dist.get_world_size() == WORLD_SIZE, dist.get_world_size()
     torch.set_num_threads(1)
-    for strategy in STRATEGIES:  # the warm-up round, discarded
-        measure_strategy(strategy, ctx.rank)
-    rounds: list[dict[str, Any]] = []
-    for _ in range(ROUNDS):
-        rounds.append({s: measure_strategy(s, ctx.rank) for s in STRATEGIES})
-    shapes = rounds[0]["comm-opt"]["shapes"]
-    for one in rounds:
+    measured = harness.interleave(
+        {s: functools.partial(_measure, s, ctx.rank) for s in STRATEGIES}, rounds, warmup=1
+    )  # the same rotation on every rank; the warm-up round is discarded
+    per_round: list[dict[str, Any]] = [
+        {s: measured[s][i] for s in STRATEGIES} for i in range(rounds)
+    ]
+    shapes = per_round[0]["comm-opt"]["shapes"]
+    for one in per_round:
         for result in one.values():
             result.pop("shapes")
-    mine = {"rank": ctx.rank, "rounds": rounds, "factor_comm": factor_comm(shapes, ctx.rank)}
+    mine = {"rank": ctx.rank, "rounds": per_round, "factor_comm": factor_comm(shapes, ctx.rank)}
     gathered: list[Any] = [None] * WORLD_SIZE
     dist.all_gather_object(gathered, mine)
     if ctx.rank == 0:
-        out.write_text(json.dumps(sorted(gathered, key=lambda r: r["rank"])))
+        harness.write_worker_result(out, sorted(gathered, key=lambda r: r["rank"]))
     shutdown()
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+def _measure(strategy: str, rank: int, _round: int) -> dict[str, Any]:
+    return measure_strategy(strategy, rank)
 
 
 def summarise(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """Per strategy and figure: the max over ranks in each round, then median/min/max over
     rounds; ratios to COMM-OPT per round (then median/min/max)."""
     figures = ("peak_bytes", "steady_bytes")
+    rounds = range(len(ranks[0]["rounds"]))
     per_round = {
-        s: {f: [max(r["rounds"][i][s][f] for r in ranks) for i in range(ROUNDS)] for f in figures}
+        s: {f: [max(r["rounds"][i][s][f] for r in ranks) for i in rounds] for f in figures}
         for s in STRATEGIES
     }
-    memory = {s: {f: _spread(v) for f, v in per_round[s].items()} for s in STRATEGIES}
+    memory = {s: {f: harness.stats(v) for f, v in per_round[s].items()} for s in STRATEGIES}
     ratios = {
         s: {
-            f: _spread(
-                [a / b for a, b in zip(per_round[s][f], per_round["comm-opt"][f], strict=True)]
-            )
+            f: harness.stats(harness.ratios(per_round[s][f], per_round["comm-opt"][f]))
             for f in figures
         }
         for s in STRATEGIES
@@ -240,7 +241,7 @@ def summarise(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         for s in STRATEGIES
     }
     per_rank_peak = {
-        s: [statistics.median(r["rounds"][i][s]["peak_bytes"] for i in range(ROUNDS))
+        s: [statistics.median(r["rounds"][i][s]["peak_bytes"] for i in rounds)
             for r in ranks]
         for s in STRATEGIES
     }  # fmt: skip
@@ -258,7 +259,7 @@ def summarise(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     phases = {
         s: {
             phase: statistics.median(
-                max(r["rounds"][i][s]["phases_s"][phase] for r in ranks) for i in range(ROUNDS)
+                max(r["rounds"][i][s]["phases_s"][phase] for r in ranks) for i in rounds
             )
             for phase in ranks[0]["rounds"][0][s]["phases_s"]
         }
@@ -266,6 +267,7 @@ def summarise(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     }
     comm = ranks[0]["factor_comm"]
     return {
+        "rounds": len(rounds),
         "memory_max_over_ranks": memory,
         "ratios_to_comm_opt": ratios,
         "peak_bytes_per_rank_median": per_rank_peak,
@@ -290,7 +292,7 @@ def _ratio(spread: dict[str, float]) -> str:
 def report(summary: dict[str, Any]) -> None:
     print(
         f"K-FAC memory from real allocations, ResNet-32, {WORLD_SIZE} ranks (gloo, CPU), "
-        f"max over ranks, median (min-max) of {ROUNDS} rounds, MiB"
+        f"max over ranks, median (min-max) of {summary['rounds']} rounds, MiB"
     )
     print(f"{'strategy':<11} {'peak':>22} {'steady state':>22} {'peak/COMM':>22} "
           f"{'steady/COMM':>22} {'kept tensors':>12}")  # fmt: skip
@@ -324,41 +326,34 @@ def report(summary: dict[str, Any]) -> None:
         f"{single * 1e3:.1f} ms, bucketed per owner {bucketed * 1e3:.1f} ms "
         f"({single / bucketed:.1f}x faster)"
     )
-    mem = summary["ratios_to_comm_opt"]["mem-opt"]["peak_bytes"]["median"]
-    verdict = "met" if mem <= 0.3 else "MISSED"
-    print(f"MEM-OPT/COMM-OPT peak K-FAC memory: {mem:.3f} (target <= 0.30: {verdict})")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+def main() -> int:
+    args = harness.parser(__doc__, rounds=ROUNDS).parse_args()
     if args.worker is not None:
-        worker(args.worker)
-        return
-    root = Path(__file__).resolve().parent
-    results = root / "results"
-    results.mkdir(exist_ok=True)
-    raw = results / "kfac_memory.ranks.json"
-    mpiexec = Path(sys.executable).parent / "mpiexec"
+        worker(args.worker, args.rounds)
+        return 0
+    bench = harness.Benchmark("bench_kfac_memory")
     env = {
-        **os.environ,
         "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
         "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),  # freed tensors leave the resident set
     }
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    cmd = [str(mpiexec), "-n", str(WORLD_SIZE), sys.executable, __file__, "--worker", str(raw)]
-    start = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True, timeout=600, cwd=root.parent)
-    summary = summarise(json.loads(raw.read_text()))
-    raw.unlink()
-    summary["command"] = "python benchmarks/bench_kfac_memory.py"
-    summary["wall_s"] = time.perf_counter() - start
-    (results / "kfac_memory.json").write_text(json.dumps(summary, indent=2) + "\n")
+    ranks = harness.launch(
+        __file__, "--rounds", str(args.rounds), ranks=WORLD_SIZE, env=env, timeout=600
+    )
+    summary = summarise(ranks)
     report(summary)
+    ratio = summary["ratios_to_comm_opt"]["mem-opt"]["peak_bytes"]
+    bench.target(
+        "MEM-OPT / COMM-OPT peak K-FAC memory",
+        ratio["median"],
+        TARGET,
+        "<=",
+        "×",
+        f"max over {WORLD_SIZE} ranks, median of {args.rounds} rounds",
+    )
+    return bench.finish(summary, check=args.check)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -3,24 +3,29 @@ cluster, Slurm job arrays vs the Parsl pilot backend: total wall time of the use
 from ``sweep`` to ``report`` (arrays: ``kfac-hpc sweep --wait``, which follows the arrays and
 prints the report; pilot: ``kfac-hpc sweep --backend parsl-slurm``, which runs every point in
 one allocation and prints the report), side by side, the two orders alternating per round.
+Target: the pilot no slower than the arrays (arrays / pilot >= 1, median of the per-round
+ratios).
 
 Both get ``--max-concurrent 4``: no throttle for the arrays (4 points per array), a 16-node
 pilot. Needs the 16-node cluster (``bash slurm/cluster.sh start --nodes 16``):
 
-    SLURM_CONF=.work/slurm/etc/slurm.conf .venv/bin/python benchmarks/bench_pilot.py [ROUNDS]
+    SLURM_CONF=.work/slurm/etc/slurm.conf .venv/bin/python benchmarks/bench_pilot.py [--rounds N]
 
-ROUNDS defaults to 3 (median, min and max over rounds).
+--rounds defaults to 3 (median, min and max over rounds; a bare number is taken as --rounds).
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import harness  # benchmarks/harness.py, beside this script
 
 from kfac_hpc.sweep.manifest import read_manifest
 
@@ -56,26 +61,38 @@ def one_sweep(root: Path, backend: str, round_no: int) -> float:
     return wall
 
 
-def main() -> None:
+def main() -> int:
+    parser = harness.parser(__doc__, rounds=ROUNDS)
+    parser.add_argument(
+        "legacy_rounds", nargs="?", type=harness.positive_int, help=argparse.SUPPRESS
+    )  # the ROUNDS positional of before
+    args = parser.parse_args()
+    rounds = args.legacy_rounds or args.rounds
     if "SLURM_CONF" not in os.environ:
         raise SystemExit("set SLURM_CONF (bash slurm/cluster.sh env) and start the cluster first")
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else ROUNDS
-    times: dict[str, list[float]] = {name: [] for name in BACKENDS}
-    print(f"load average at start: {os.getloadavg()[0]:.2f}", flush=True)
+    bench = harness.Benchmark("bench_pilot")
+    print(f"load average at start: {bench.load_start:.2f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-pilot-") as tmp:
-        for r in range(rounds):
-            order = list(BACKENDS) if r % 2 == 0 else list(reversed(BACKENDS))
-            for backend in order:
-                times[backend].append(one_sweep(Path(tmp), backend, r))
-                print(f"round {r}: {backend:6} {times[backend][-1]:6.1f} s", flush=True)
-    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+        times = harness.interleave(
+            {name: functools.partial(one_sweep, Path(tmp), name) for name in BACKENDS},
+            rounds,
+            on_measure=lambda r, name, s: print(f"round {r}: {name:6} {s:6.1f} s", flush=True),
+        )
     print(f"\n12 points (nodes 1,2,4 x 4 repeats), {rounds} round(s), sweep -> report:")
-    print(f"{'backend':8} {'median_s':>9} {'min_s':>7} {'max_s':>7}")
-    for name, values in times.items():
-        print(f"{name:8} {statistics.median(values):9.1f} {min(values):7.1f} {max(values):7.1f}")
-    ratio = statistics.median(times["arrays"]) / statistics.median(times["pilot"])
-    print(f"arrays / pilot (median): {ratio:.2f}x")
+    walls = {name: harness.Stats.of(values) for name, values in times.items()}
+    for name, wall in walls.items():
+        print(f"  {name:8} {wall:.1f} s")
+    ratio = harness.Stats.of(harness.ratios(times["arrays"], times["pilot"]))
+    print(f"arrays / pilot, per round: {ratio:.2f}")
+    bench.target("arrays / pilot wall time, sweep to report", ratio.median, 1.0, ">=", "×")
+    result = {
+        "rounds": rounds,
+        "wall_s": {name: wall.as_dict() for name, wall in walls.items()},
+        "arrays_over_pilot": ratio.as_dict(),
+        "rounds_s": times,
+    }
+    return bench.finish(result, check=args.check)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -5,10 +5,12 @@ the plan's prediction (compute measured on this machine, collectives fitted to g
 here) next to a real `kfac-hpc train` under the venv's mpiexec. Measured step time is the
 median over the run's logging windows after the first (each window = LOG_EVERY consecutive
 real steps, one K-FAC inverse update in each), with min and max. Target: every prediction
-within 20 %. Then the published-hardware profile's predictions for 16 … 1,024 GPUs as a plot.
+within 20 % (one target per model: the worst point's |predicted / measured - 1|; ``--check``
+exits 1 when it is over). Then the published-hardware profile's predictions for 16 … 1,024
+GPUs as a plot.
 
     .venv/bin/python benchmarks/bench_plan.py [--models small_cnn,resnet32] [--ranks 1,2,4]
-        [--json rows.jsonl] [--no-a100] [--out DIR]
+        [--json rows.jsonl] [--no-a100] [--out DIR] [--check]
 
 Before each rank count's runs the cost model is calibrated again (collectives at that rank
 count, the job's own overhead, per-layer compute), so calibration and runs see the same
@@ -17,7 +19,6 @@ machine minutes apart at most.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -26,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import harness  # benchmarks/harness.py, beside this script
 
 from kfac_hpc.plan.model import Prediction
 from kfac_hpc.plan.output import plot_scaling
@@ -91,8 +94,8 @@ def local_rows(models: list[str], ranks: list[int], root: Path) -> list[dict[str
 
 
 def _row(model: str, pred: Prediction, windows: list[dict[str, Any]]) -> dict[str, object]:
-    steps = [w["step_s"] for w in windows]
-    measured = statistics.median(steps)
+    steps = harness.Stats.of(w["step_s"] for w in windows)
+    measured = steps.median
     phases = {k: v * 1e3 for k, v in pred.phases_s.items() if v}
     measured_phases = {
         k: statistics.median(w["phases_s"][k] for w in windows) * 1e3 for k in pred.phases_s
@@ -106,9 +109,9 @@ def _row(model: str, pred: Prediction, windows: list[dict[str, Any]]) -> dict[st
         "ranks": pred.config.ranks,
         "predicted_ms": pred.step_s * 1e3,
         "measured_ms": measured * 1e3,
-        "measured_min_ms": min(steps) * 1e3,
-        "measured_max_ms": max(steps) * 1e3,
-        "windows": len(steps),
+        "measured_min_ms": steps.min * 1e3,
+        "measured_max_ms": steps.max * 1e3,
+        "windows": steps.n,
         "ratio": pred.step_s / measured,
         "predicted_phases_ms": {**phases, "other": pred.other_s * 1e3},
         "measured_phases_ms": {k: v for k, v in measured_phases.items() if v > 1e-3},
@@ -125,8 +128,8 @@ def _line(row: dict[str, object]) -> str:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main() -> int:
+    parser = harness.parser(__doc__)
     parser.add_argument("--models", default="small_cnn,resnet32", help="'' = only the A100 plot")
     parser.add_argument("--ranks", default="1,2,4", help="rank counts (split long runs)")
     parser.add_argument("--out", default=str(REPO / "docs" / "img"))
@@ -134,11 +137,12 @@ def main() -> None:
     parser.add_argument("--no-a100", action="store_true", help="skip the A100 profile plot")
     args = parser.parse_args()
     out = Path(args.out)
-    print(f"load average at start: {os.getloadavg()[0]:.2f}", flush=True)
+    bench = harness.Benchmark("bench_plan")
+    print(f"load average at start: {bench.load_start:.2f}", flush=True)
+    models = [m for m in args.models.split(",") if m]
     with tempfile.TemporaryDirectory() as tmp:
         ranks = [int(r) for r in args.ranks.split(",")]
-        rows = local_rows([m for m in args.models.split(",") if m], ranks, Path(tmp))
-    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+        rows = local_rows(models, ranks, Path(tmp))
     if args.json:
         with open(args.json, "a") as sink:
             sink.writelines(json.dumps(row) + "\n" for row in rows)
@@ -146,8 +150,19 @@ def main() -> None:
     print(f"\nwithin {TARGET:.0%}: {len(rows) - len(misses)}/{len(rows)}")
     for row in misses:
         print("MISS", _line(row))
+    for model in models:
+        errors = [abs(float(r["ratio"]) - 1) for r in rows if r["model"] == model]  # type: ignore[arg-type]
+        bench.target(
+            f"{model}: worst |predicted / measured - 1|",
+            max(errors),
+            TARGET,
+            "<=",
+            "%",
+            f"{len(errors)} points, P = {args.ranks}",
+        )
     if not args.no_a100:
         a100_plot(out)
+    return bench.finish({"rows": rows}, check=args.check)
 
 
 def a100_plot(out: Path) -> None:
@@ -168,4 +183,4 @@ def a100_plot(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

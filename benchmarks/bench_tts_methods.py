@@ -7,7 +7,9 @@
     .venv/bin/python benchmarks/bench_tts_methods.py --report        # the table of stored rounds
 
 The parts can run as separate commands (each a few minutes, e.g. under a machine lock): they
-accumulate in benchmarks/results/bench_tts_methods.json, and ``--report`` prints the table.
+accumulate in benchmarks/results/bench_tts_methods.rounds.json, and ``--report`` prints the
+table and the target (SGD+K-FAC <= 0.75x SGD's time at 1 rank, median over held-out seeds;
+``--check``: exit 1 when missed), and writes benchmarks/results/bench_tts_methods.json.
 
 Task: MNIST-1D (generated locally, 32,000 training and 8,000 test sequences of length 40), the
 paper's 1-D CNN widened to 160 channels (``--cnn1d-channels 160``, 0.16 M parameters, so that a
@@ -33,8 +35,9 @@ computes the ESEs, the others train on (P − 1)/P of the global batch).
    to 3, so SGD's lr diverges with it); a diverged run counts as not reached (infinitely
    many steps); rounds measured with a setting no longer chosen are dropped, and so is all
    a method holds when its grid changed (the other methods' tuning and rounds are kept).
-2. ``--round R``: every method at each of ``--ranks`` once, in a fixed order, so machine noise
-   hits all alike; a stored (round, P, method) is replaced.
+2. ``--round R``: every method at each of ``--ranks`` once, the order rotating from round to
+   round (``harness.rotation``), so machine noise hits all alike; a stored (round, P, method)
+   is replaced.
 3. ``--report``: per (P, method) the median, min and max over rounds of the time to target (the
    run's wall time at the first evaluation at or above the target, as run.json reports it:
    evaluations included; data generation and torch import excluded), the median steps to
@@ -49,7 +52,6 @@ computes the ESEs, the others train on (P − 1)/P of the global batch).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -63,10 +65,14 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
+import harness  # benchmarks/harness.py, beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-RESULTS = ROOT / "benchmarks" / "results" / "bench_tts_methods.json"
+# the accumulated tuning and rounds (harness.Benchmark writes bench_tts_methods.json)
+RESULTS = harness.RESULTS_DIR / "bench_tts_methods.rounds.json"
 SAMPLES, TARGET = 32000, 0.98
+KFAC_TARGET = 0.75  # SGD+K-FAC's time to target over SGD's at 1 rank, held-out seeds
 TASK = ["--dataset", "mnist1d", "--model", "cnn1d", "--num-samples", str(SAMPLES)]
 TASK += [
     "--cnn1d-channels",
@@ -200,6 +206,9 @@ def load_results(fresh_task: bool = False) -> dict[str, Any]:
     """The stored results; with ``fresh_task`` (tuning), a new file when it holds another
     task or tuning seeds, and the methods whose grid changed dropped (tuning, settings and
     rounds)."""
+    old = RESULTS.with_name("bench_tts_methods.json")  # where the rounds were kept before
+    if not RESULTS.exists() and old.exists() and "harness" not in json.loads(old.read_text()):
+        old.replace(RESULTS)
     stored: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     if stored.get("task") == TASK and stored.get("grids") == GRIDS:
         return stored
@@ -297,7 +306,7 @@ def run_round(
     if untuned:
         sys.exit(f"no tuned setting stored for {', '.join(untuned)}: run --tune first")
     for p in ranks:
-        for method in methods:
+        for method in harness.rotation(methods, index):
             if p < METHODS[method][2]:
                 continue
             r = {"round": index, **run(p, method, results["chosen"][method], cache, work, seed)}
@@ -313,9 +322,9 @@ def _cell(r: dict[str, Any]) -> tuple[int, int, str, int]:
     return r["round"], r["ranks"], r["method"], r.get("seed", 0)
 
 
-def report(results: dict[str, Any]) -> None:
+def report(results: dict[str, Any]) -> dict[tuple[int, str], harness.Stats]:
     """The table: one line per P and method, from every stored round of seed 0 (the seed the
-    grids were searched at); then the held-out seeds."""
+    grids were searched at); then the held-out seeds (their ratios to SGD are returned)."""
     cells: dict[tuple[int, str], list[dict[str, Any]]] = {}
     tuned_seed = [r for r in results["runs"] if r.get("seed", 0) == 0]
     for r in sorted(tuned_seed, key=lambda r: (r["ranks"], list(METHODS).index(r["method"]))):
@@ -371,18 +380,21 @@ def report(results: dict[str, Any]) -> None:
             }
             shown = ", ".join(f"{n} {v:.1f}" for n, v in phases.items() if v >= 0.05)
             print(f"  {m:16s} {shown}")
-    held_out(results["runs"])
+    ratios = held_out(results["runs"])
     for part in results["load"]:
         print(f"load average {part['what']}: start {part['start']}, end {part['end']}")
+    return ratios
 
 
-def held_out(runs: list[dict[str, Any]]) -> None:
+def held_out(runs: list[dict[str, Any]]) -> dict[tuple[int, str], harness.Stats]:
     """Per P and method, the runs at seeds other than the tuning seeds: steps and time to
     target per seed, and the median over seeds of the time-to-target ratio to SGD at the same
-    seed (and round): what the choice is worth on seeds it was not picked on."""
+    seed (and round): what the choice is worth on seeds it was not picked on. Returns those
+    ratios per (P, method)."""
     by_cell = {_cell(r): r for r in runs if r.get("seed", 0) not in TUNE_SEEDS and "error" not in r}
+    found: dict[tuple[int, str], harness.Stats] = {}
     if not by_cell:
-        return
+        return found
     print(f"held-out seeds (settings tuned at seeds {','.join(str(x) for x in TUNE_SEEDS)}): "
           "time to target s (steps) per seed; ratio to SGD at the same seed, median "
           "[min-max]")  # fmt: skip
@@ -400,16 +412,16 @@ def held_out(runs: list[dict[str, Any]]) -> None:
             for seed, index, r in cells
             if (sgd := by_cell.get((index, p, "sgd", seed))) and r["tts_s"] and sgd["tts_s"]
         ]
-        ratio = (
-            f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
-            if ratios and method != "sgd"
-            else ""
-        )
+        ratio = ""
+        if ratios and method != "sgd":
+            found[(p, method)] = s = harness.Stats.of(ratios)
+            ratio = f"{s.median:.2f}x [{s.min:.2f}-{s.max:.2f}]"
         print(f"{p:2d}  {method:16s} {ratio:22s} seed {shown}")
+    return found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main() -> int:
+    parser = harness.parser(__doc__)
     parser.add_argument("--tune", action="store_true", help="the grids of --methods")
     parser.add_argument("--jobs", type=int, default=1, help="--tune: runs at a time")
     parser.add_argument("--round", type=int, help="run round R of every method at --ranks")
@@ -436,26 +448,39 @@ def main() -> None:
             f"--methods: unknown {', '.join(sorted(unknown))}; choose from {', '.join(METHODS)}"
         )
     everything = not (args.tune or args.round or args.report)
+    bench = harness.Benchmark("bench_tts_methods")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if args.tune or everything:
-            start = [round(x, 2) for x in os.getloadavg()]
+            start = harness.load_average()
             results = load_results(fresh_task=True)
             tune(results, methods, data_cache(), work, args.jobs)
-            end = [round(x, 2) for x in os.getloadavg()]
+            end = harness.load_average()
             results["load"].append({"what": f"tune {args.methods}", "start": start, "end": end})
             save(results)
         for index in [args.round] if args.round else (1, 2, 3) if everything else ():
-            start = [round(x, 2) for x in os.getloadavg()]
+            start = harness.load_average()
             results = load_results()
             what = f"round {index} P={args.ranks} seed {args.seed} ({time.strftime('%H:%M')})"
             run_round(results, index, ranks, methods, data_cache(), work, args.seed)
-            end = [round(x, 2) for x in os.getloadavg()]
+            end = harness.load_average()
             results["load"].append({"what": what, "start": start, "end": end})
             save(results)
     if args.report or everything:
-        report(load_results())
+        ratios = report(load_results())
+        kfac = ratios.get((1, "sgd+kfac"))
+        bench.target(
+            "SGD+K-FAC / SGD time to target, P = 1",
+            kfac.median if kfac else None,
+            KFAC_TARGET,
+            "<=",
+            "×",
+            "held-out seeds, median",
+        )
+        summary = {f"P={p} {m}": r.as_dict() for (p, m), r in ratios.items()}
+        return bench.finish({"held_out_ratio_to_sgd": summary}, check=args.check)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -12,15 +12,16 @@ from typing import Any
 import click
 
 from kfac_hpc import __version__
+from kfac_hpc.cli_errors import usage_error
 
 # name -> "module:attribute" of a click command
 COMMANDS: dict[str, str] = {
     "checkpoint": "kfac_hpc.checkpoint.inspect:checkpoint",
     "doctor": "kfac_hpc.runtime.doctor:doctor",
-    "sweep": "kfac_hpc.sweep.commands:sweep",
-    "status": "kfac_hpc.sweep.commands:status",
-    "resume": "kfac_hpc.sweep.commands:resume",
-    "cancel": "kfac_hpc.sweep.commands:cancel",
+    "sweep": "kfac_hpc.sweep.cli:sweep",
+    "status": "kfac_hpc.sweep.cli:status",
+    "resume": "kfac_hpc.sweep.cli:resume",
+    "cancel": "kfac_hpc.sweep.cli:cancel",
     "train": "kfac_hpc.train.cli:train",
     "collect": "kfac_hpc.analysis.cli:collect_command",
     "report": "kfac_hpc.analysis.cli:report_command",
@@ -41,6 +42,25 @@ class LazyGroup(click.Group):
         module_name, attr = target.split(":")
         command: Any = getattr(importlib.import_module(module_name), attr)
         return command
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the subcommand; click's flag-parsing errors of every subcommand leave by the one
+        exit path (``kfac-hpc COMMAND: error: --flag: reason``, exit 2: cli_errors.py)."""
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise  # a group given no subcommand shows its help
+        except click.UsageError as exc:
+            usage_error(_command_name(exc.ctx, ctx), exc)
+
+
+def _command_name(failed: click.Context | None, root: click.Context) -> str:
+    """``sweep status`` for an error in ``kfac-hpc sweep status``."""
+    names: list[str] = []
+    while failed is not None and failed.parent is not None:
+        names.append(failed.info_name or "")
+        failed = failed.parent
+    return " ".join(reversed(names)) or root.invoked_subcommand or "kfac-hpc"
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

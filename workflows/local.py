@@ -1,9 +1,10 @@
-"""The local backend: every point runs with local MPI ranks (Parsl's ``MPIExecutor`` on this
+"""The local workflow: every point runs with local MPI ranks (Parsl's ``MPIExecutor`` on this
 host), ``max_concurrent`` at a time, in the process of ``kfac-hpc sweep`` or ``resume``.
 
-No scheduler holds the points: the workflow records each point's end in the manifest as it
-happens (from the run directory's markers and the exit code), so ``status`` from another shell
-reads the markers and trusts the manifest for the rest.
+The local backend (:class:`kfac_hpc.sweep.backends.local.LocalBackend`) runs it. No scheduler
+holds the points: the workflow records each point's end in the manifest as it happens (from
+the run directory's markers and the exit code), so ``status`` from another shell reads the
+markers and trusts the manifest for the rest.
 """
 
 from __future__ import annotations
@@ -16,26 +17,20 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import parsl
 from parsl.app.app import bash_app
 
+from kfac_hpc.contracts.environment import EMULATED_NODES
 from kfac_hpc.contracts.exit_codes import ExitCode
 from kfac_hpc.contracts.rundir import read_markers
 from kfac_hpc.contracts.states import PointState, Verdict, classify_point
-from kfac_hpc.runtime.launch import EMULATED_NODES
-from kfac_hpc.sweep.backends import SweepBackend
-from kfac_hpc.sweep.command import train_argv
 from kfac_hpc.sweep.manifest import Manifest, PointRecord, locked_manifest, read_manifest
-from kfac_hpc.sweep.slurm import DEFAULT_MAX_ARRAY_SIZE
-from kfac_hpc.sweep.submit import new_manifest
+from kfac_hpc.sweep.train_args import train_argv
 from kfac_hpc.workflows.configs import local_config
 
-if TYPE_CHECKING:
-    from kfac_hpc.sweep.submit import PreparedSweep
-
-__all__ = ["LocalBackend", "exit_verdict", "run_local_points"]
+__all__ = ["exit_verdict", "finish_point", "mark_points", "point_command", "run_local_points"]
 
 
 @bash_app
@@ -158,33 +153,3 @@ def finish_point(
             read_markers(sweep_dir / point.run_dir), Verdict(PointState.RUNNING), ended=ended
         )
         point.state, point.detail = verdict.state.value, verdict.detail
-
-
-class LocalBackend(SweepBackend):
-    """Local MPI ranks through Parsl; no scheduler, nothing to cancel from another process."""
-
-    name = "local"
-    runs_in_process = True
-
-    def max_array_size(self) -> int:
-        return DEFAULT_MAX_ARRAY_SIZE
-
-    def submit(self, prepared: PreparedSweep) -> Manifest:
-        new_manifest(prepared).write(prepared.sweep_dir)
-        run_local_points(prepared.sweep_dir)
-        return read_manifest(prepared.sweep_dir)
-
-    def refresh(self, manifest: Manifest, sweep_dir: Path) -> None:
-        for point in manifest.points:
-            verdict = classify_point(
-                read_markers(sweep_dir / point.run_dir),
-                Verdict(PointState(point.state), point.detail),
-            )
-            point.state, point.detail = verdict.state.value, verdict.detail
-
-    def cancel(self, points: Sequence[PointRecord]) -> None:
-        """Nothing to stop from here: the points run under the workflow of another process
-        (stopping it stops them); they are marked cancelled."""
-
-    def resubmit(self, manifest: Manifest, sweep_dir: Path, points: Sequence[PointRecord]) -> None:
-        run_local_points(sweep_dir, [p.point_id for p in points])

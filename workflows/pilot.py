@@ -1,5 +1,6 @@
-"""The Parsl pilot backend (``--backend parsl-slurm``): one Slurm allocation runs every point.
+"""The Parsl pilot workflow (``--backend parsl-slurm``): one Slurm allocation runs every point.
 
+The pilot backend (:class:`kfac_hpc.sweep.backends.pilot.ParslSlurmBackend`) runs it:
 ``kfac-hpc sweep`` (or ``resume``) asks Slurm for one block (Parsl's ``SlurmProvider``) of
 :func:`pilot_nodes` nodes and packs the points into it by node count: Parsl's ``MPIExecutor``
 gives each point the nodes it asks for and starts it with the site's launcher as one job step
@@ -25,26 +26,28 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import parsl
 from parsl.app.app import bash_app
 
 from kfac_hpc.contracts.errors import InputError
-from kfac_hpc.contracts.rundir import CONFIG, read_markers
-from kfac_hpc.contracts.states import LIVE, PointState, Verdict, classify_point
-from kfac_hpc.sweep import slurm
-from kfac_hpc.sweep.backends import SweepBackend
+from kfac_hpc.contracts.states import LIVE, PointState
+from kfac_hpc.sweep import slurm_commands as slurm
 from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.manifest import Manifest, PointRecord, locked_manifest, read_manifest
 from kfac_hpc.sweep.safety import slurm_time_seconds
-from kfac_hpc.workflows.configs import PilotShape, pilot_config, pilot_test_script
+from kfac_hpc.workflows.configs import PilotShape, pilot_config
 from kfac_hpc.workflows.local import finish_point, mark_points, point_command
 
-if TYPE_CHECKING:
-    from kfac_hpc.sweep.submit import PreparedSweep
-
-__all__ = ["ParslSlurmBackend", "pilot_nodes", "pilot_walltime_s", "run_pilot_points"]
+__all__ = [
+    "pilot_address",
+    "pilot_nodes",
+    "pilot_shape",
+    "pilot_walltime_s",
+    "run_pilot_points",
+    "slurm_seconds",
+]
 
 # How long the pilot's job id may take to appear after parsl.load (sbatch is synchronous; a
 # failed submission is reported at once, so this bound only matters on a very busy machine).
@@ -98,12 +101,10 @@ def _hms(seconds: int) -> str:
 
 def pilot_shape(manifest: Manifest, points: Sequence[PointRecord]) -> PilotShape:
     """The block that runs ``points`` of ``manifest`` (its spec and resolved profile)."""
-    from kfac_hpc.sweep.submit import check_partition_fits
-
     spec, profile = manifest.spec, manifest.profile
     counts = [int(p.params["nodes"]) for p in points]
     sbatch_args = (*profile["sbatch_args"], *spec["sbatch_args"])
-    limit = check_partition_fits(max(counts), profile["partition"], sbatch_args)
+    limit = slurm.check_partition_fits(max(counts), profile["partition"], sbatch_args)
     concurrent = 1 if spec["serial"] else spec["max_concurrent"]
     nodes = pilot_nodes(counts, concurrent, limit)
     point_s = slurm_seconds(spec["time"] or profile["time"])
@@ -141,15 +142,6 @@ def pilot_address() -> str | None:
                 "nodes reach (e.g. 127.0.0.1), or unset it",
             ) from None
     return value
-
-
-def _check_launcher(launcher: str, profile: str) -> None:
-    if launcher not in ("srun", "mpiexec"):
-        raise SweepInputError(
-            "profile",
-            f"profile {profile} launches with {launcher}; the parsl-slurm backend launches "
-            "with srun or mpiexec (MPICH): choose such a profile or --backend slurm",
-        )
 
 
 def _block_job_id(executor: Any) -> str:
@@ -274,78 +266,3 @@ def _launch(
         stderr=(log, "a"),
     )
     return future
-
-
-_PILOT_LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED")
-
-
-class ParslSlurmBackend(SweepBackend):
-    """Every point as a job step of one Parsl pilot allocation, run from the process of
-    ``kfac-hpc sweep`` or ``resume``; state from that process's records, the pilot job and
-    the run directories' markers."""
-
-    name = "parsl-slurm"
-    runs_in_process = True
-    uses_slurm = True
-
-    def max_array_size(self) -> int:
-        slurm.require_sbatch()
-        return slurm.DEFAULT_MAX_ARRAY_SIZE  # no arrays: the groups only name the points
-
-    def preflight(self, prepared: PreparedSweep) -> None:
-        """The array backend's checks of every node count (:func:`~kfac_hpc.sweep.submit.
-        check_arrays_accepted`), then ``sbatch --test-only`` of the pilot block itself: an
-        allocation Slurm can never grant is refused here, not waited for."""
-        from kfac_hpc.sweep.submit import check_accepted, check_arrays_accepted, new_manifest
-
-        _check_launcher(prepared.profile.launcher, prepared.profile.name)
-        pilot_address()
-        if prepared.unchecked:
-            return
-        manifest = new_manifest(prepared)
-        shape = pilot_shape(manifest, manifest.points)  # and the partition holds the points
-        check_arrays_accepted(prepared)
-        what = f"the pilot allocation ({shape.nodes} node(s) for {shape.walltime})"
-        check_accepted(["sbatch"], pilot_test_script(shape), what)
-
-    def submit(self, prepared: PreparedSweep) -> Manifest:
-        from kfac_hpc.sweep.submit import new_manifest, write_scripts
-
-        manifest = new_manifest(prepared)
-        write_scripts(prepared)  # the arrays' scripts: the same sweep by --backend slurm
-        manifest.write(prepared.sweep_dir)
-        run_pilot_points(prepared.sweep_dir)
-        return read_manifest(prepared.sweep_dir)
-
-    def refresh(self, manifest: Manifest, sweep_dir: Path) -> None:
-        live_ids = {p.job_id for p in manifest.points if p.job_id and PointState(p.state) in LIVE}
-        pilots = slurm.job_states(live_ids)
-        for point in manifest.points:
-            known = Verdict(PointState(point.state), point.detail)
-            live = None
-            pilot = pilots.get(point.job_id or "")
-            run_dir = sweep_dir / point.run_dir
-            if known.state in LIVE and pilot in _PILOT_LIVE:
-                started = pilot == "RUNNING" and (run_dir / CONFIG).exists()
-                live = (
-                    Verdict(PointState.RUNNING)
-                    if started
-                    else Verdict(PointState.SUBMITTED, f"in pilot job {point.job_id} ({pilot})")
-                )
-            markers = read_markers(run_dir)
-            verdict = classify_point(
-                markers,
-                known,
-                live=None if any(m is not None for m in markers) else live,
-                # The pilot ended and the point is still live in the manifest without a marker:
-                # the process that ran it is gone too (it records every end it sees).
-                asked=known.state in LIVE and pilot is not None and pilot not in _PILOT_LIVE,
-            )
-            point.state, point.detail = verdict.state.value, verdict.detail
-
-    def cancel(self, points: Sequence[PointRecord]) -> None:
-        """Cancel the pilot jobs of ``points`` (every point of those pilots stops)."""
-        slurm.scancel(p.job_id for p in points if p.job_id)
-
-    def resubmit(self, manifest: Manifest, sweep_dir: Path, points: Sequence[PointRecord]) -> None:
-        run_pilot_points(sweep_dir, [p.point_id for p in points])

@@ -1,20 +1,24 @@
 """The sweep workflow: render → submit → wait → collect → report, as a Parsl DAG.
 
-``run_sweep(prepared)`` is what ``kfac-hpc sweep --wait`` and an in-process backend (local)
-call. The render step happened before (``prepare_sweep`` raises on bad input, before anything
-starts); the manifest on disk is updated at every step, so ``kfac-hpc status`` works from
-another shell and a killed workflow loses nothing.
+``run_sweep(prepared, backend)`` is what ``kfac-hpc sweep --wait`` and an in-process backend
+(local, parsl-slurm) call. The render step happened before (``prepare_sweep`` raises on bad
+input, before anything starts); the wait step is the sweep's one wait loop
+(:func:`kfac_hpc.sweep.waiting.wait_for_sweep`: backoff from 2 s to 60 s, reset on a change);
+the manifest on disk is updated at every step, so ``kfac-hpc status`` works from another shell
+and a killed workflow loses nothing.
+
+The backend comes from the caller: this workflow imports no backend (the backends drive the
+workflows, never the reverse).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import parsl
 from parsl.app.app import python_app
@@ -22,36 +26,17 @@ from parsl.dataflow.errors import DependencyError
 
 from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.rundir import RUN
-from kfac_hpc.contracts.states import LIVE, PointState
-from kfac_hpc.sweep.backends import backend_for
 from kfac_hpc.sweep.errors import WorkflowError
-from kfac_hpc.sweep.follow import status
-from kfac_hpc.sweep.manifest import Manifest, read_manifest
-from kfac_hpc.sweep.slurm import SlurmError
-from kfac_hpc.sweep.submit import PreparedSweep
+from kfac_hpc.sweep.manifest import read_manifest
+from kfac_hpc.sweep.prepare import PreparedSweep
+from kfac_hpc.sweep.slurm_commands import SlurmError
+from kfac_hpc.sweep.waiting import FIRST_POLL_S, wait_for_sweep
 from kfac_hpc.workflows.configs import login_config
 
-__all__ = ["collected_runs", "report", "run_sweep", "wait_for_sweep"]
+if TYPE_CHECKING:
+    from kfac_hpc.sweep.backends.base import SweepBackend
 
-
-def wait_for_sweep(
-    sweep_dir: Path, poll_s: float = 2.0, timeout_s: float | None = None
-) -> Manifest:
-    """Poll ``status`` until no point is pending, submitted, running or requeued, on two polls
-    in a row: one scheduler snapshot can miss a task that is changing state (a requeue)."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    settled = False
-    while True:
-        manifest, _ = status(sweep_dir)
-        if not any(PointState(p.state) in LIVE for p in manifest.points):
-            if settled:
-                return manifest
-            settled = True
-        else:
-            settled = False
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"sweep {sweep_dir} still running after {timeout_s} s")
-        time.sleep(poll_s)
+__all__ = ["collected_runs", "report", "run_sweep"]
 
 
 def collected_runs(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -74,13 +59,13 @@ def collected_runs(sweep_dir: Path) -> list[dict[str, Any]]:
 
 
 def report(sweep_dir: Path) -> str:
-    """The collector's scaling table (report and tables written to ``SWEEP_DIR/report``) when
-    the analysis extras are installed, else the collected run list."""
+    """The report's summary and scaling table, and where report.html is (report and tables
+    written to ``SWEEP_DIR/report``) when the analysis extras are installed, else the
+    collected run list."""
     try:
         from kfac_hpc.analysis.collect import CollectError, collect
-        from kfac_hpc.analysis.metrics import SCALING_COLUMNS
-        from kfac_hpc.analysis.output import build_tables, render, write_tables
-        from kfac_hpc.analysis.report import SCALING_VIEW, write_report
+        from kfac_hpc.analysis.output import build_tables, write_tables
+        from kfac_hpc.analysis.report import terminal_text, write_report
     except ImportError as exc:  # matplotlib is the 'report' extra
         sys.stderr.write(f"kfac-hpc report unavailable ({exc}); showing the collected runs\n")
         return _run_list(collected_runs(sweep_dir))
@@ -93,7 +78,7 @@ def report(sweep_dir: Path) -> str:
     except (CollectError, OSError) as exc:
         sys.stderr.write(f"kfac-hpc report failed ({exc}); showing the collected runs\n")
         return _run_list(collected_runs(sweep_dir))
-    return render(tables.scaling, SCALING_COLUMNS, "table", SCALING_VIEW) + "\n"
+    return f"{terminal_text(tables)}\n\nReport: {out_dir / 'report.html'}\n"
 
 
 def _run_list(rows: list[dict[str, Any]]) -> str:
@@ -119,13 +104,13 @@ def _run_list(rows: list[dict[str, Any]]) -> str:
 
 
 @python_app
-def _submit_app(prepared: PreparedSweep) -> str:
-    return str(len(backend_for(prepared.backend).submit(prepared).arrays))
+def _submit_app(prepared: PreparedSweep, backend: SweepBackend) -> str:
+    return str(len(backend.submit(prepared).arrays))
 
 
 @python_app
-def _wait_app(sweep_dir: Path, poll_s: float, inputs: Sequence[Any] = ()) -> str:
-    return str(len(wait_for_sweep(sweep_dir, poll_s).points))
+def _wait_app(sweep_dir: Path, first_poll_s: float, inputs: Sequence[Any] = ()) -> str:
+    return str(len(wait_for_sweep(sweep_dir, first_s=first_poll_s).points))
 
 
 @python_app
@@ -133,11 +118,13 @@ def _report_app(sweep_dir: Path, inputs: Sequence[Any] = ()) -> str:
     return report(sweep_dir)
 
 
-def run_sweep(prepared: PreparedSweep, poll_s: float = 2.0) -> str:
-    """Run the whole DAG and return the report text. A backend that runs its points in this
-    process returns when they ended; the others are followed from the login node."""
+def run_sweep(
+    prepared: PreparedSweep, backend: SweepBackend, first_poll_s: float = FIRST_POLL_S
+) -> str:
+    """Run the whole DAG with ``backend`` (the one ``prepared`` was prepared for) and return
+    the report text. A backend that runs its points in this process returns when they ended;
+    the others are followed from the login node."""
     sweep_dir = prepared.sweep_dir
-    backend = backend_for(prepared.backend)
     if backend.runs_in_process:
         done: Future[Any] = Future()
         try:
@@ -147,8 +134,8 @@ def run_sweep(prepared: PreparedSweep, poll_s: float = 2.0) -> str:
             done.set_exception(exc)
         return str(_step_result({"run": done}))
     with parsl.load(login_config(sweep_dir / "parsl")):
-        submitted = _submit_app(prepared)
-        finished = _wait_app(sweep_dir, poll_s, inputs=[submitted])
+        submitted = _submit_app(prepared, backend)
+        finished = _wait_app(sweep_dir, first_poll_s, inputs=[submitted])
         reported = _report_app(sweep_dir, inputs=[finished])
         return str(_step_result({"submit": submitted, "wait": finished, "report": reported}))
 

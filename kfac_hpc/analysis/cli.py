@@ -1,7 +1,8 @@
 """``kfac-hpc collect`` and ``kfac-hpc report``: parse, call the library, print.
 
 Exit codes: 0 every point finished (``done``), 1 some point failed or is incomplete (the tables
-and the report are still written), 2 bad input (nothing written).
+and the report are still written), 2 bad input (nothing written): ``kfac-hpc collect: error:
+FIELD: reason`` by the one exit path of every command (cli_errors.py).
 """
 
 from __future__ import annotations
@@ -26,13 +27,9 @@ from kfac_hpc.analysis.output import (
 from kfac_hpc.analysis.parquet import ParquetWriter
 from kfac_hpc.analysis.schema import DONE
 from kfac_hpc.analysis.tables import RUN_COLUMNS
+from kfac_hpc.cli_errors import guard
+from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.exit_codes import ExitCode
-
-EXIT_ALL_DONE, EXIT_NOT_ALL_DONE, EXIT_BAD_INPUT = (
-    ExitCode.DONE,
-    ExitCode.FAILED,
-    ExitCode.BAD_INPUT,
-)
 
 _source = click.argument(
     "source", type=click.Path(path_type=Path, file_okay=False), metavar="SWEEP_DIR"
@@ -66,7 +63,7 @@ _target = click.option(
 
 
 def _collect_or_exit(source: Path, name: str = "SWEEP_DIR") -> Collection:
-    """The collection of ``source``; bad input (naming the argument ``name``) exits 2."""
+    """The collection of ``source``; InputError naming the argument ``name`` if bad."""
     return _or_exit(lambda: collect(source), name)
 
 
@@ -74,24 +71,22 @@ T = TypeVar("T")
 
 
 def _or_exit(gather: Callable[[], T], name: str) -> T:
-    """``gather()``; its CollectError (bad input, naming the argument ``name``) exits 2."""
+    """``gather()``; its CollectError as bad input (InputError) naming the argument ``name``."""
     try:
         return gather()
     except CollectError as exc:
-        click.echo(f"error: {name}: {exc}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        raise InputError(name, str(exc)) from None
 
 
 def _write_or_exit(out_dir: Path, write: Callable[[], object]) -> None:
     try:
         write()
     except OSError as exc:  # a read-only sweep directory, a full disk
-        click.echo(f"error: cannot write to {out_dir}: {exc}; pass --out DIR", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        raise InputError("--out", f"cannot write to {out_dir}: {exc}; pass --out DIR") from None
 
 
 def _exit_code(states: list[str]) -> int:
-    return EXIT_ALL_DONE if all(s == DONE for s in states) else EXIT_NOT_ALL_DONE
+    return int(ExitCode.DONE if all(s == DONE for s in states) else ExitCode.FAILED)
 
 
 def _summary_line(states: list[str]) -> str:
@@ -112,6 +107,7 @@ def _summary_line(states: list[str]) -> str:
 )
 @_format
 @_target
+@guard("collect")
 def collect_command(
     source: Path, out: Path | None, fmt: str, target_accuracy: float | None
 ) -> None:
@@ -138,8 +134,7 @@ def _predicted_or_exit(collection: Collection) -> tuple[str, list[dict[str, Any]
     try:
         loaded = load_predicted(collection.source)
     except ValueError as exc:
-        click.echo(f"error: SWEEP_DIR: {exc}; rerun kfac-hpc plan --explain", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        raise InputError("SWEEP_DIR", f"{exc}; rerun kfac-hpc plan --explain") from None
     return None if loaded is None else (loaded.source, predicted_rows(collection, loaded))
 
 
@@ -166,6 +161,7 @@ def _predicted_or_exit(collection: Collection) -> tuple[str, list[dict[str, Any]
 )
 @_format
 @_target
+@guard("report")
 def report_command(
     source: Path,
     out: Path | None,
@@ -191,11 +187,12 @@ def report_command(
             COMPARE_TABLE,
             PREDICTED_TABLE,
             SCALING_VIEW,
+            terminal_text,
             write_report,
         )
     except ImportError as exc:  # matplotlib is the 'report' extra
-        click.echo(f"error: {exc}; install it: pip install 'kfac-hpc[report]'", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        missing = exc.name or "matplotlib"
+        raise InputError(missing, f"{exc}; install it: pip install 'kfac-hpc[report]'") from None
 
     # The baseline first: a bad one is bad input before anything (a cache) is written.
     base = None if baseline is None else _collect_or_exit(baseline, "--baseline")
@@ -218,7 +215,10 @@ def report_command(
             document["predicted"] = predicted[1]
         click.echo(json.dumps(document, indent=1))
     else:
-        click.echo(render(tables.scaling, SCALING_COLUMNS, fmt, SCALING_VIEW))
+        if fmt == "table":  # the summary and the scaling table in words
+            click.echo(terminal_text(tables))
+        else:
+            click.echo(render(tables.scaling, SCALING_COLUMNS, fmt, SCALING_VIEW))
         if comparison is not None:
             click.echo("")
             click.echo(render(comparison, COMPARE_COLUMNS, fmt, COMPARE_TABLE))
@@ -227,6 +227,8 @@ def report_command(
 
             click.echo(f"\npredicted ({predicted[0]}) vs measured, per step:")
             click.echo(render(predicted[1], plan_rows.COLUMNS, fmt, PREDICTED_TABLE))
+        if fmt == "table":
+            click.echo(f"\nReport: {out_dir / 'report.html'}")
     states = [run.state for run in collection.runs]
     click.echo(f"{_summary_line(states)}; report in {out_dir / 'report.md'}", err=True)
     sys.exit(_exit_code(states))

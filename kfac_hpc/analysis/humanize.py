@@ -28,6 +28,17 @@ def sig3(value: float) -> str:
     return f"{rounded:.{2 - magnitude}f}"
 
 
+def axis_number(value: float) -> str:
+    """A tick label: ``950``, ``2.5k``, ``128k``, ``1.5M``, ``0.25``: at most 3 significant
+    digits, thousands as ``k``, millions as ``M``; never ``131072`` nor e-notation."""
+    for suffix, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{float(f'{value / scale:.3g}'):g}{suffix}"
+    if value and abs(value) < 1e-3:
+        return sig3(value)
+    return f"{float(f'{value:.3g}'):g}"
+
+
 def time_unit(values: Iterable[float | None]) -> tuple[str, float]:
     """The unit (name, seconds per unit) in which the median of ``values`` is at least 1."""
     present = sorted(abs(v) for v in values if v)

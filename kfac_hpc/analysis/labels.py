@@ -2,7 +2,8 @@
 
 A configuration's ``group`` (``cnn1d mnist1d sgd+kfac strong bs=1024 gwf=1.0``) is what the
 files hold; the report and the terminal show what tells the configurations apart, in words:
-``SGD+K-FAC, grad workers 1/1`` beside ``SGD``.
+``K-FAC, grad workers 1/1`` beside ``SGD`` (``SGD+K-FAC`` when other configurations use
+another first-order optimizer).
 """
 
 from __future__ import annotations
@@ -42,32 +43,46 @@ def _fraction(value: str) -> str:
     return f"{share.numerator}/{share.denominator}"
 
 
-def _phrase(word: str) -> str:
+def _phrase(word: str, base: str | None = None) -> str:
     key, sep, value = word.partition("=")
     if not sep:
         if word in ("strong", "weak"):
             return f"{word} scaling"
-        return optimizer_name(word) if _is_optimizer(word) else word
+        if not _is_optimizer(word):
+            return word
+        first, _, method = word.partition("+")
+        # every configuration builds on ``base``: a method is named alone (K-FAC beside SGD)
+        return method_name(method) if method and first == base else optimizer_name(word)
     if key == "gwf":
         return f"grad workers {_fraction(value)}"
     return f"{_KEYS.get(key, key.replace('_', ' '))} {value}"
 
 
-def readable(words: Sequence[str]) -> str:
+def readable(words: Sequence[str], base: str | None = None) -> str:
     """The words of a group label as phrases, the optimizer first: ``SGD+K-FAC, grad workers
-    1/1, batch 128``."""
+    1/1, batch 128``; ``K-FAC, ...`` when ``base`` is ``sgd`` (every configuration's)."""
     first = [w for w in words if _is_optimizer(w)]
-    return ", ".join(_phrase(w) for w in [*first, *(w for w in words if w not in first)])
+    rest = [w for w in words if w not in first]
+    return ", ".join(_phrase(w, base) for w in [*first, *rest])
+
+
+def _common_base(words: Sequence[Sequence[str]]) -> str | None:
+    """The first-order optimizer every group builds on, when they all build on one and it
+    runs on its own in one of them (the baseline the methods are compared with)."""
+    optimizers = {w for ws in words for w in ws if _is_optimizer(w)}
+    bases = {w.partition("+")[0] for w in optimizers}
+    return bases.pop() if len(bases) == 1 and bases <= optimizers else None
 
 
 def people_labels(groups: Sequence[str]) -> dict[str, str]:
-    """Each group in words, without the words every group shares (``SGD`` vs ``SGD+K-FAC,
-    grad workers 1/1``); all of it when all its words are shared. Labels that would read
-    alike keep their full text."""
+    """Each group in words, without the words every group shares (``SGD`` vs ``K-FAC, grad
+    workers 1/1`` when every configuration is SGD's); all of it when all its words are shared.
+    Labels that would read alike keep their full text."""
     words = [g.split() for g in groups]
     common = set.intersection(*(set(w) for w in words)) if words else set()
+    base = _common_base(words)
     out = {
-        g: readable([x for x in w if x not in common] or w)
+        g: readable([x for x in w if x not in common] or w, base)
         for g, w in zip(groups, words, strict=True)
     }
     if len(set(out.values())) < len(out):

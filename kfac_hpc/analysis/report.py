@@ -9,6 +9,7 @@ saying why. The machine-readable tables are the files under ``tables/``.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,44 +17,55 @@ from typing import Any
 from kfac_hpc.analysis import plots, schema
 from kfac_hpc.analysis.collect import Collection
 from kfac_hpc.analysis.humanize import Column, render_columns, time_unit
-from kfac_hpc.analysis.output import Tables
+from kfac_hpc.analysis.labels import optimizer_name, people_labels
+from kfac_hpc.analysis.output import Tables, text_table
 from kfac_hpc.analysis.report_html import MAX_COLUMNS, Block, to_html
-from kfac_hpc.analysis.summary import short_labels, summary_sentences
+from kfac_hpc.analysis.summary import summary_sentences
 
 Row = dict[str, Any]
 
-# The scaling-table columns a terminal shows.
+# The scaling table a terminal shows (:func:`terminal_text`), at most TERMINAL_WIDTH wide: the
+# DROPPABLE columns go, in that order, while it would be wider.
+TERMINAL_WIDTH = 100
 SCALING_VIEW = (
-    Column("group", "configuration"),
+    Column("label", "configuration"),
     Column("nodes", "nodes", "count"),
-    Column("runs", "done", "count"),
-    Column("points", "points", "count"),
-    Column("samples_per_s_median", "throughput", "rate"),
-    Column("samples_per_s_min", "min", "rate"),
-    Column("samples_per_s_max", "max", "rate"),
+    Column("samples_per_s_median", "samples/s", "number"),
     Column("speedup", "speedup", "ratio"),
-    Column("parallel_efficiency", "efficiency", "percent"),
-    Column("weak_efficiency", "weak efficiency", "percent"),
-    Column("karp_flatt_serial_fraction", "serial fraction", "percent"),
+    Column("efficiency", "efficiency", "number"),
+    Column("serial_fraction", "serial", "percent"),
+    Column("time_to_target_s_median", "time to target", "time"),
+    Column("time_ratio", "× SGD's time", "ratio"),
 )
+DROPPABLE = ("samples_per_s_median", "serial_fraction", "speedup")
+# The convergence plot comes first and spans the page's width; the others share rows.
 PLOTS: tuple[tuple[str, str], ...] = (
-    ("throughput", "Throughput vs nodes (log-2 axes, median with min-max band, dashed: ideal)"),
+    ("curves", "Training loss and test accuracy vs running time, per configuration"),
+    ("throughput", "Throughput vs nodes (median with min-max band, dashed: ideal)"),
     ("speedup", "Speedup over the smallest node count (dashed: ideal n/n0)"),
     ("efficiency", "Parallel / weak-scaling efficiency vs nodes"),
     ("phases", "Where the step time goes: per-phase time per step, stacked"),
-    ("curves", "Loss and accuracy vs wall time per configuration"),
     ("step_time", "Step-time distribution per node count"),
 )
+WIDE_PLOTS = frozenset({"curves"})
 DEFINITIONS = (
     "X(n): median global samples/s of the finished repeats at n nodes; n0: the group's "
-    "smallest node count; p = n/n0. Speedup S = X(n)/X(n0). Parallel efficiency (strong) "
-    "and weak-scaling efficiency (weak) = S/p. Karp-Flatt serial fraction "
-    "e = (1/S - 1/p)/(1 - 1/p). Time to target: running seconds until the first evaluation at "
-    "or above the target accuracy. K-FAC vs first-order ratio: median time-to-target of K-FAC "
-    "over that of the same configuration without K-FAC at the same node count (< 1: K-FAC "
-    "faster). Communication fraction: communication phases over all phases. Straggler spread: "
-    "(max - min)/mean of the ranks' mean step times. Full definitions: docs/report.md."
+    "smallest node count; p = n/n0. Speedup S = X(n)/X(n0) (n nodes give S times the "
+    "throughput of n0). Parallel efficiency (strong) and weak-scaling efficiency (weak) = S/p, "
+    "1 for ideal scaling. Karp–Flatt serial fraction e = (1/S - 1/p)/(1 - 1/p), shown where it "
+    "means something: a speedup above 1 in a configuration measured at 3 or more node counts. "
+    "Time to target: running seconds until the first evaluation at or above the target "
+    "accuracy. Time vs first order (× SGD's time): median time to target of a method (K-FAC, "
+    "FOSI) over that of the same configuration without it at the same node count; 0.5× means "
+    "the method takes half the first-order time. Communication: communication phases over all "
+    "phases. Straggler spread: (max - min)/mean of the ranks' mean step times. Full "
+    "definitions: docs/report.md."
 )
+SERIAL_FRACTION_NOTE = (
+    "Serial fraction (Karp–Flatt) only where it means something: a speedup above 1 in a "
+    "configuration measured at 3 or more node counts (else –)."
+)
+KARP_FLATT_NODE_COUNTS = 3
 
 
 CONFIG = Column("label", "configuration")
@@ -64,15 +76,15 @@ SCALING_TABLE = (
     Column("runs", "runs", "count"),
     Column("samples_per_s_median", "throughput", "rate"),
     Column("speedup", "speedup", "ratio"),
-    Column("efficiency", "efficiency", "percent"),
-    Column("karp_flatt_serial_fraction", "serial fraction", "percent"),
+    Column("efficiency", "efficiency", "number"),
+    Column("serial_fraction", "serial fraction", "percent"),
 )
 TIME_TABLE = (
     CONFIG,
     NODES,
     Column("target_reached", "reached"),
     Column("time_to_target_s_median", "time to target", "time"),
-    Column("kfac_speedup", "speedup vs first order", "ratio"),
+    Column("time_ratio", "× SGD's time", "ratio"),
     Column("final_accuracy_median", "final accuracy", "accuracy"),
 )
 STEP_TABLE = (
@@ -133,20 +145,52 @@ def _state_summary(tables: Tables) -> str:
 
 
 def _labelled(rows: Sequence[Row], labels: dict[str, str]) -> list[Row]:
-    """``rows`` with a short ``label`` per group, the efficiency of either kind, and K-FAC's
-    time-to-target speedup (first-order time over K-FAC time)."""
-    out = []
+    """``rows`` with a ``label`` per group in words, the efficiency of either kind, the
+    Karp-Flatt serial fraction where it means something (:func:`_serial_fraction`) and a
+    method's time to target over its first-order configuration's (``time_ratio``)."""
+    counts: dict[Any, set[Any]] = {}
     for row in rows:
-        ratio = row.get("kfac_vs_first_order_tts_ratio")
-        out.append(
-            {
-                **row,
-                "label": labels.get(row.get("group") or "", row.get("group")),
-                "efficiency": row.get("parallel_efficiency") or row.get("weak_efficiency"),
-                "kfac_speedup": 1 / ratio if ratio else None,
-            }
-        )
-    return out
+        if row.get("samples_per_s_median"):
+            counts.setdefault(row.get("group"), set()).add(row.get("nodes"))
+    return [
+        {
+            **row,
+            "label": labels.get(row.get("group") or "", row.get("group")),
+            "efficiency": row.get("parallel_efficiency") or row.get("weak_efficiency"),
+            "serial_fraction": _serial_fraction(row, len(counts.get(row.get("group"), ()))),
+            "time_ratio": row.get("kfac_vs_first_order_tts_ratio"),
+        }
+        for row in rows
+    ]
+
+
+def _serial_fraction(row: Row, node_counts: int) -> float | None:
+    """Karp-Flatt's serial fraction of a cell when it says something: a speedup above 1 (of a
+    slowdown it reads as several hundred per cent) in a configuration measured at
+    :data:`KARP_FLATT_NODE_COUNTS` or more node counts (with two it is one number, no trend)."""
+    speedup = row.get("speedup")
+    if node_counts < KARP_FLATT_NODE_COUNTS or speedup is None or speedup <= 1:
+        return None
+    value = row.get("karp_flatt_serial_fraction")
+    return value if isinstance(value, int | float) else None
+
+
+def first_order_name(rows: Sequence[Row]) -> str:
+    """The first-order optimizer the methods' rows are compared with, in words (``SGD``), or
+    ``first-order`` when they are several."""
+    names = {
+        optimizer_name(str(r["optimizer_label"]).split("+")[0])
+        for r in rows
+        if "+" in str(r.get("optimizer_label"))
+    }
+    return names.pop() if len(names) == 1 else "first-order"
+
+
+def _with_ratio_title(columns: Sequence[Column], rows: Sequence[Row]) -> list[Column]:
+    """``columns`` with the time-ratio column titled after the baseline: ``× SGD's time``."""
+    name = first_order_name(rows)
+    title = f"× {name}'s time" if name != "first-order" else "× first-order time"
+    return [Column(c.key, title, c.kind) if c.key == "time_ratio" else c for c in columns]
 
 
 def _phase_blocks(scaling: list[Row]) -> list[Block]:
@@ -178,10 +222,10 @@ def _phase_blocks(scaling: list[Row]) -> list[Block]:
     ]
     columns = [Column("phase", "phase")]
     columns += [
-        Column(k, f"{c['label']} ×{c['nodes']:g}", "number")
+        Column(k, f"{c['label']}, {_nodes(c['nodes'])}", "number")
         for k, c in zip(keys, cells, strict=True)
     ]
-    caption = f"Time per step of each phase ({unit}, median over repeats; ×n: n nodes)"
+    caption = f"Time per step of each phase ({unit}, median over repeats)"
     return [_table(rows, columns, caption)]
 
 
@@ -213,6 +257,72 @@ def _scaled(value: float | None, scale: float) -> float | None:
     return None if value is None else value / scale
 
 
+def _nodes(n: Any) -> str:
+    return f"{n:g} node" + ("" if n == 1 else "s") if isinstance(n, int | float) else str(n)
+
+
+def _shown(rows: Sequence[Row], columns: Sequence[Column], width: int) -> list[Column]:
+    """``columns`` without those nothing fills (a serial fraction, a time to target, a time
+    ratio), then without the :data:`DROPPABLE` ones, in order, while wider than ``width``."""
+    kept = [
+        c
+        for c in columns
+        if c.key not in ("serial_fraction", "time_to_target_s_median", "time_ratio")
+        or any(r.get(c.key) is not None for r in rows)
+    ]
+    for key in DROPPABLE:
+        if _width(rows, kept) <= width:
+            break
+        kept = [c for c in kept if c.key != key]
+    return kept
+
+
+def _width(rows: Sequence[Row], columns: Sequence[Column]) -> int:
+    return max(len(line) for line in text_table(list(rows), columns).splitlines())
+
+
+def terminal_table(scaling: list[Row], width: int = TERMINAL_WIDTH) -> str:
+    """The scaling table for a terminal: configurations in words, at most ``width`` columns
+    (configuration names shortened with … when nothing else helps)."""
+    labels = people_labels(sorted({str(r["group"]) for r in scaling}))
+    rows = _labelled(scaling, labels)
+    columns = _shown(rows, _with_ratio_title(SCALING_VIEW, rows), width)
+    over = _width(rows, columns) - width
+    if over > 0:
+        longest = max(len(str(r["label"])) for r in rows)
+        cut = max(12, longest - over)
+        rows = [{**r, "label": _shorten(str(r["label"]), cut)} for r in rows]
+    return text_table(rows, columns)
+
+
+def _shorten(text: str, length: int) -> str:
+    return text if len(text) <= length else text[: length - 1] + "…"
+
+
+def terminal_text(tables: Tables) -> str:
+    """What ``kfac-hpc report`` and a sweep that ends with its report print: the summary, the
+    scaling table (:func:`terminal_table`) and one line on each column that needs it; no line
+    wider than :data:`TERMINAL_WIDTH`."""
+    summary = " ".join(summary_sentences(tables.scaling, tables.runs))
+    parts = [textwrap.fill(summary, TERMINAL_WIDTH), terminal_table(tables.scaling)]
+    rows = _labelled(
+        tables.scaling, people_labels(sorted({str(r["group"]) for r in tables.scaling}))
+    )
+    notes = []
+    if any(r.get("time_ratio") is not None for r in rows):
+        name = first_order_name(rows)
+        title = f"× {name}'s time" if name != "first-order" else "× first-order time"
+        notes.append(
+            f"{title}: a method's time to target over that of the same configuration without "
+            "it, at the same node count (below 1: the method is faster)."
+        )
+    if any(r.get("speedup") is not None and r.get("serial_fraction") is None for r in rows):
+        notes.append(SERIAL_FRACTION_NOTE)
+    if notes:
+        parts.append("\n".join(textwrap.fill(n, TERMINAL_WIDTH) for n in notes))
+    return "\n\n".join(parts)
+
+
 def build_blocks(
     collection: Collection,
     tables: Tables,
@@ -223,7 +333,7 @@ def build_blocks(
 ) -> list[Block]:
     """The report's content, in order: summary, plots, tables. ``predicted``: the plan's
     source and its rows (:mod:`kfac_hpc.analysis.predicted`), when the sweep has them."""
-    labels = short_labels(sorted({str(r["group"]) for r in tables.runs}))
+    labels = people_labels(sorted({str(r["group"]) for r in tables.runs}))
     scaling = _labelled(tables.scaling, labels)
     runs = _labelled(tables.runs, labels)
     blocks = [
@@ -235,17 +345,19 @@ def build_blocks(
     for name, caption in PLOTS:
         path = images.get(name)
         if path is not None:
-            blocks.append(Block("image", caption, path=path))
+            blocks.append(Block("image", caption, path=path, wide=name in WIDE_PLOTS))
         else:
             blocks.append(Block("text", f"{caption}: no finished run to plot."))
     blocks += [Block("heading", "Scaling"), _table(scaling, SCALING_TABLE)]
+    if any(r.get("speedup") is not None and r.get("serial_fraction") is None for r in scaling):
+        blocks.append(Block("text", SERIAL_FRACTION_NOTE))
     blocks.append(Block("heading", "Time to target accuracy"))
     if all(r.get("target_accuracy") is None for r in tables.runs):
         blocks.append(Block("text", "No target accuracy was set: pass `--target-accuracy`."))
     elif not any(r.get("time_to_target_s") is not None for r in tables.runs):
         blocks.append(Block("text", "No run reached its target accuracy."))
     else:
-        blocks.append(_table(scaling, TIME_TABLE))
+        blocks.append(_table(scaling, _with_ratio_title(TIME_TABLE, scaling)))
     blocks += [
         Block("heading", "Where the time goes"),
         _table(scaling, STEP_TABLE),

@@ -23,6 +23,7 @@ class Block:
     titles: Sequence[str] = ()
     cells: Sequence[Sequence[str]] = ()
     path: Path | None = None
+    wide: bool = False  # an image that spans the page's width
 
 
 # Fits 1280 px without a horizontal scroll bar: long words wrap, wide tables shrink their font
@@ -42,7 +43,8 @@ _CSS = (
     "td.t,th.t{text-align:left}th{background:#f0f0f0;font-weight:600;overflow-wrap:normal}"
     "tr:nth-child(even) td{background:#fafafa}"
     ".plots{display:grid;grid-template-columns:repeat(auto-fit,minmax(520px,1fr));gap:1em}"
-    "figure{margin:0}img{max-width:100%;height:auto}figcaption{font-size:13px;color:#444}"
+    "figure{margin:0}figure.wide{grid-column:1/-1}img{max-width:100%;height:auto}"
+    "figcaption{font-size:13px;color:#444}"
     "@media print{body{max-width:none;margin:0}figure,tr{break-inside:avoid}"
     "h2{break-after:avoid}.plots{display:block}}"
 )
@@ -88,8 +90,10 @@ def to_html(blocks: list[Block]) -> str:
             body.append(_html_table(block))
         elif block.kind == "image" and block.path is not None:
             data = base64.b64encode(block.path.read_bytes()).decode("ascii")
+            wide = ' class="wide"' if block.wide else ""
+            alt = html.escape(block.text)
             figures.append(
-                f'<figure><img alt="{html.escape(block.text)}" src="data:image/png;base64,{data}">'
+                f'<figure{wide}><img alt="{alt}" src="data:image/png;base64,{data}">'
                 f"<figcaption>{html.escape(block.text)}</figcaption></figure>"
             )
     if figures:

@@ -1,6 +1,12 @@
 """The report's opening paragraph: what the sweep found, in 3 to 6 sentences made from the
-tables' numbers (best configuration per node count, K-FAC vs first-order time to target, where
-parallel efficiency falls below 50 %, stragglers, failed or requeued points)."""
+tables' numbers (each method's time to target against its first-order configuration, the best
+configuration per node count, where parallel efficiency falls below 0.5, stragglers, failed or
+requeued points).
+
+Every sentence starts with a capital letter and gives its numbers with their units; a ratio
+has one direction throughout: a method's time over its first-order configuration's
+(``K-FAC reaches the target in 0.55× SGD's time``), never the inverse.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from typing import Any
 
 from kfac_hpc.analysis import schema
 from kfac_hpc.analysis.humanize import sig3
+from kfac_hpc.analysis.labels import method_name, optimizer_name, people_labels
 
 Row = dict[str, Any]
 EFFICIENCY_FLOOR = 0.5  # below this, adding nodes costs more than half of their capacity
@@ -16,18 +23,17 @@ STRAGGLER_SPREAD = 0.05  # ranks' mean step times further apart than this count 
 
 
 def short_labels(groups: Sequence[str]) -> dict[str, str]:
-    """Each group label without the words every label shares (``sgd+kfac`` vs ``sgd`` rather
-    than two long lines that differ in one word); the full label when all words are shared."""
-    words = [g.split() for g in groups]
-    common = set.intersection(*(set(w) for w in words)) if words else set()
-    return {
-        g: " ".join(x for x in w if x not in common) or g
-        for g, w in zip(groups, words, strict=True)
-    }
+    """Each group in words, without the words every group shares (``SGD`` vs ``SGD+K-FAC,
+    grad workers 1/1``): :func:`kfac_hpc.analysis.labels.people_labels`."""
+    return people_labels(groups)
 
 
 def _nodes(n: Any) -> str:
     return f"{n:g} node" + ("" if n == 1 else "s")
+
+
+def _rate(value: float) -> str:
+    return f"{sig3(value)} samples/s"
 
 
 def _best_per_node_count(scaling: list[Row], label: dict[str, str]) -> str | None:
@@ -45,67 +51,79 @@ def _best_per_node_count(scaling: list[Row], label: dict[str, str]) -> str | Non
     if len(winners) == 1 and len(ordered) > 1:
         (n0, low), (n1, high) = ordered[0], ordered[-1]
         return (
-            f"{winners.pop()} has the highest throughput at every node count, from "
-            f"{sig3(low['samples_per_s_median'])} samples/s at {_nodes(n0)} to "
-            f"{sig3(high['samples_per_s_median'])} at {_nodes(n1)}."
+            f"Highest throughput: {winners.pop()} at every node count, from "
+            f"{_rate(low['samples_per_s_median'])} at {_nodes(n0)} to "
+            f"{_rate(high['samples_per_s_median'])} at {_nodes(n1)}."
         )
     parts = [
-        f"{label[r['group']]} at {_nodes(n)} ({sig3(r['samples_per_s_median'])} samples/s)"
+        f"{label[r['group']]} at {_nodes(n)} ({_rate(r['samples_per_s_median'])})"
         for n, r in ordered
     ]
     return "Highest throughput: " + "; ".join(parts) + "."
 
 
-_METHOD_NAMES = {"kfac": "K-FAC", "fosi": "FOSI"}
+def _method_of(row: Row) -> str | None:
+    """``kfac`` of an ``sgd+kfac`` cell; None for a first-order one."""
+    return str(row["optimizer_label"]).partition("+")[2] or None
 
 
-def _methods_vs_first_order(scaling: list[Row], runs: list[Row]) -> list[str | None]:
-    """One sentence per method (K-FAC, FOSI) found: its time to target over first order."""
-    methods = sorted({str(r["optimizer_label"]).split("+", 1)[1] for r in scaling
-                      if "+" in str(r["optimizer_label"])})  # fmt: skip
-    return [_method_vs_first_order(m, scaling, runs) for m in methods]
+def _methods_vs_first_order(
+    scaling: list[Row], runs: list[Row], label: dict[str, str]
+) -> list[str]:
+    """One sentence per method (K-FAC, FOSI) found: its time to target over first order's."""
+    methods = sorted({m for r in scaling if (m := _method_of(r))})
+    return [_method_vs_first_order(m, scaling, runs, label) for m in methods]
 
 
-def _method_vs_first_order(method: str, scaling: list[Row], runs: list[Row]) -> str | None:
-    name = _METHOD_NAMES.get(method, method)
-    rows = [r for r in scaling if str(r["optimizer_label"]).endswith(f"+{method}")]
-    if not rows:
-        return None
+def _target(runs: list[Row]) -> str:
+    targets = {r["target_accuracy"] for r in runs if r.get("target_accuracy") is not None}
+    if len(targets) == 1:
+        return f"the target accuracy of {100 * targets.pop():.3g} %"
+    return "the target accuracy"
+
+
+def _method_vs_first_order(
+    method: str, scaling: list[Row], runs: list[Row], label: dict[str, str]
+) -> str:
+    name = method_name(method)
+    rows = sorted(
+        (r for r in scaling if _method_of(r) == method), key=lambda r: (r["nodes"], r["group"])
+    )
     if all(r.get("target_accuracy") is None for r in runs):
         return (
             f"{name} and first-order time to target are not compared: no target accuracy was "
             "set (pass --target-accuracy)."
         )
-    ratios = sorted(
-        (r for r in rows if r.get("kfac_vs_first_order_tts_ratio")), key=lambda r: r["nodes"]
-    )
-    if not ratios:
-        return (
-            f"{name} and first-order time to target are not compared: at no node count did "
-            "both reach the target accuracy."
-        )
-    first = str(ratios[0]["optimizer_label"]).split("+")[0].upper()
-    faster = [r for r in ratios if r["kfac_vs_first_order_tts_ratio"] <= 1]
-    slower = [r for r in ratios if r["kfac_vs_first_order_tts_ratio"] > 1]
-    parts = [
-        f"{word} at {_node_list(rows)} ({', '.join(_speedup(r) for r in rows)})"
-        for word, rows in (("faster", faster), ("slower", slower))
-        if rows
-    ]
-    return (
-        f"{name} reaches the target accuracy {' and '.join(parts)} than {first} "
-        f"(first-order time over {name} time)."
-    )
+    baselines = {(r["group"], r["nodes"]): r for r in scaling if _method_of(r) is None}
+    firsts = {optimizer_name(str(r["optimizer_label"]).split("+")[0]) for r in rows}
+    first = firsts.pop() if len(firsts) == 1 else "first order"
+    several = len({r["group"] for r in rows}) > 1
+    compared, alone = [], []
+    for row in rows:
+        base = baselines.get((row["first_order_group"], row["nodes"]))
+        mine = row.get("time_to_target_s_median")
+        theirs = None if base is None else base.get("time_to_target_s_median")
+        where = _nodes(row["nodes"]) + (f", {label[row['group']]}" if several else "")
+        if row.get("kfac_vs_first_order_tts_ratio") and mine and theirs:
+            ratio = row["kfac_vs_first_order_tts_ratio"]
+            compared.append(f"{sig3(ratio)}× at {where} ({sig3(mine)} s against {sig3(theirs)} s)")
+        elif mine:
+            alone.append(f"only {name} reached it at {where}")
+        elif theirs:
+            alone.append(f"only {first} reached it at {where}")
+    if not compared:
+        reason = "; ".join(alone) or "at no node count did either reach it"
+        return f"{name} and {first} are not compared at {_target(runs)}: {reason}."
+    first_part = compared[0].replace("× at", f"× {_possessive(first)} time at", 1)
+    listed = ", ".join([first_part, *compared[1:-1]])
+    if len(compared) > 1:
+        listed += f" and {compared[-1]}"
+    extra = f"; {'; '.join(alone)}" if alone else ""
+    return f"{name} reaches {_target(runs)} in {listed}{extra}."
 
 
-def _speedup(row: Row) -> str:
-    return f"{sig3(1 / row['kfac_vs_first_order_tts_ratio'])}×"
-
-
-def _node_list(rows: list[Row]) -> str:
-    counts = sorted({f"{r['nodes']:g}" for r in rows}, key=float)
-    listed = counts[0] if len(counts) == 1 else ", ".join(counts[:-1]) + " and " + counts[-1]
-    return listed + (" node" if counts == ["1"] else " nodes")
+def _possessive(name: str) -> str:
+    return f"{name}'" if name.endswith("s") else f"{name}'s"
 
 
 def _efficiency(scaling: list[Row], label: dict[str, str]) -> str | None:
@@ -117,15 +135,24 @@ def _efficiency(scaling: list[Row], label: dict[str, str]) -> str | None:
     if low:
         first = min(low, key=lambda r: (r["nodes"], r["parallel_efficiency"]))
         return (
-            f"Parallel efficiency drops below 50 % at {_nodes(first['nodes'])} "
-            f"({label[first['group']]}: {sig3(100 * first['parallel_efficiency'])} %)."
+            f"Parallel efficiency drops below {EFFICIENCY_FLOOR:g} at {_nodes(first['nodes'])} "
+            f"({_gain(first, label[first['group']])})."
         )
     worst = min(multi, key=lambda r: r["parallel_efficiency"])
     top = max(r["nodes"] for r in multi)
+    where = f"{label[worst['group']]} at {_nodes(worst['nodes'])}"
     return (
-        f"Parallel efficiency stays at or above 50 % up to {_nodes(top)} (lowest: "
-        f"{sig3(100 * worst['parallel_efficiency'])} %, {label[worst['group']]} at "
-        f"{_nodes(worst['nodes'])})."
+        f"Parallel efficiency stays at or above {EFFICIENCY_FLOOR:g} up to {_nodes(top)} "
+        f"(lowest {_gain(worst, where)})."
+    )
+
+
+def _gain(row: Row, where: str) -> str:
+    """``0.89 for SGD: 1.78× the throughput on 2× the nodes``: a cell's efficiency and
+    speedup."""
+    return (
+        f"{sig3(row['parallel_efficiency'])} for {where}: {sig3(row['speedup'])}× the "
+        f"throughput on {row['ideal_speedup']:g}× the nodes"
     )
 
 
@@ -163,13 +190,17 @@ def _points(runs: list[Row]) -> str:
     return sentence + "."
 
 
+def _capital(sentence: str) -> str:
+    return sentence[:1].upper() + sentence[1:]
+
+
 def summary_sentences(scaling: list[Row], runs: list[Row]) -> list[str]:
-    """The summary's sentences, in reading order."""
-    label = short_labels(sorted({r["group"] for r in scaling}))
+    """The summary's sentences, in reading order, each starting with a capital letter."""
+    label = people_labels(sorted({r["group"] for r in scaling}))
     found = [
+        *_methods_vs_first_order(scaling, runs, label),
         _best_per_node_count(scaling, label),
-        *_methods_vs_first_order(scaling, runs),
         _efficiency(scaling, label),
         _stragglers(scaling, label),
     ]
-    return [s for s in found if s] + [_points(runs)]
+    return [_capital(s) for s in found if s] + [_points(runs)]

@@ -3,7 +3,7 @@
 The job uses :func:`capture_training_state` + :class:`CheckpointManager` to save,
 :meth:`CheckpointManager.load_latest` / :func:`load_checkpoint` + :func:`restore_training_state`
 to resume and :func:`init_factors_from` for ``--init-factors``. A training method hands its state
-over as plain trees (:class:`~kfac_hpc.method_state.MethodState`). Schema and protocols:
+over as plain trees (:class:`~kfac_hpc.contracts.method_state.MethodState`). Schema and protocols:
 docs/checkpoint.md.
 """
 

@@ -46,7 +46,7 @@ from kfac_hpc.checkpoint.training_state import (
     check_shapes,
     saved_method_state,
 )
-from kfac_hpc.method_state import Checkpointable
+from kfac_hpc.contracts.method_state import Checkpointable
 
 __all__ = [
     "CheckpointManager",

@@ -7,9 +7,9 @@ A :class:`TrainingState` has two parts:
 - ``per_rank``: what only this rank holds (its RNG states and the method's shard, e.g. K-FAC
   second-order data); gathered to rank 0 and written under ``ranks/<r>``.
 
-The training method's state is a :class:`~kfac_hpc.method_state.MethodState` of plain trees:
-this module stores them, checks the shapes the method declares, and hands every saved rank's
-shard back, so a state saved at world size P with strategy S loads at P' with S'.
+The training method's state is a :class:`~kfac_hpc.contracts.method_state.MethodState` of
+plain trees: this module stores them, checks the shapes the method declares, and hands every
+saved rank's shard back, so a state saved at world size P with strategy S loads at P' with S'.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from kfac_hpc import __version__
-from kfac_hpc.method_state import Checkpointable, SavedState, UnitShapes
+from kfac_hpc.contracts.method_state import Checkpointable, SavedState, UnitShapes
 
 __all__ = [
     "READABLE_SCHEMAS",
@@ -209,9 +209,9 @@ def capture_training_state(
     """Copy everything needed to resume after ``step`` optimizer steps (tensors go to CPU).
 
     ``preconditioner`` is the training method's own state (the K-FAC preconditioner, or any
-    :class:`~kfac_hpc.method_state.Checkpointable`). ``include_shards`` stores its per-rank
-    shards (K-FAC: eigendecompositions/inverses), so a resume needs no O(n³) recompute and is
-    bit-for-bit identical between inverse updates.
+    :class:`~kfac_hpc.contracts.method_state.Checkpointable`). ``include_shards`` stores its
+    per-rank shards (K-FAC: eigendecompositions/inverses), so a resume needs no O(n³) recompute
+    and is bit-for-bit identical between inverse updates.
     """
     shared: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,

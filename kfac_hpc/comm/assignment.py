@@ -21,13 +21,14 @@ same plan; :class:`KAISAGroups` creates the torch process groups for it.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+# Defined once, with the job's choices (contracts/choices.py); re-exported here.
+from kfac_hpc.contracts.choices import AssignmentStrategy, DistributionStrategy
 from kfac_hpc.contracts.grad_workers import (
     parse_grad_worker_fraction,
     valid_grad_worker_fractions,
@@ -45,25 +46,6 @@ __all__ = [
 ]
 
 FACTORS = ("A", "G")
-
-
-class AssignmentStrategy(enum.Enum):
-    """What the LPT schedule balances: eigen/inverse time (n³) or memory held (n²)."""
-
-    COMPUTE = "compute"
-    MEMORY = "memory"
-
-    def cost(self, n: int) -> float:
-        """Cost of the second-order work on one n×n factor."""
-        return float(n) ** 3 if self is AssignmentStrategy.COMPUTE else float(n) ** 2
-
-
-class DistributionStrategy(enum.Enum):
-    """The KAISA strategy a grad-worker fraction amounts to."""
-
-    COMM_OPT = "comm-opt"
-    HYBRID_OPT = "hybrid-opt"
-    MEM_OPT = "mem-opt"
 
 
 def lpt_schedule(costs: list[float], bins: int, loads: list[float] | None = None) -> list[int]:

@@ -1,4 +1,6 @@
-"""The one error type for bad user input, shared by every command family."""
+"""The one error type for bad user input, shared by every command family (its subclasses,
+``ConfigError``, ``SweepInputError``, ``PlanInputError``, only name where it came from); every
+command ends on it by the one exit path, kfac_hpc/cli_errors.py."""
 
 from __future__ import annotations
 

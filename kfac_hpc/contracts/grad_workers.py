@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import math
 
+from kfac_hpc.contracts.choices import DistributionStrategy, values
+
 __all__ = [
     "GRAD_WORKER_NAMES",
     "check_grad_worker_fraction",
@@ -17,7 +19,7 @@ __all__ = [
     "valid_grad_worker_fractions",
 ]
 
-GRAD_WORKER_NAMES = ("comm-opt", "mem-opt", "hybrid-opt")
+GRAD_WORKER_NAMES = values(DistributionStrategy)  # comm-opt, mem-opt, hybrid-opt
 
 
 def check_grad_worker_fraction(value: object) -> str | float:

@@ -1,7 +1,7 @@
 """The options of ``kfac-hpc train``: name, type, default, unit, help, range, which method
 they belong to and which a sweep may vary. One table, read by the job's config
 (train/config.py), the job's flags (train/cli.py), the sweep's flags and TOML tables
-(sweep/spec.py, sweep/commands.py), ``kfac-hpc plan``'s flags (plan/cli.py), the library's
+(sweep/spec.py, sweep/cli.py), ``kfac-hpc plan``'s flags (plan/cli.py), the library's
 constructors (``KFACPreconditioner``: optim/options.py; ``FOSI``: optim/fosi/options.py: their
 parameters are :data:`LIBRARY_PARAMETERS`) and the docs. Where the library's or plan's default
 differs from the job's on purpose, the option says so and why (``library_default``,

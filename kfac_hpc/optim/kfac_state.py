@@ -1,11 +1,11 @@
 """Saving and loading the K-FAC preconditioner: ``state_dict()`` / ``load_state_dict()`` (exact
 inverses, layer-keyed, independent of the rank layout) and the checkpoint's view of them.
 
-For a checkpoint (:class:`~kfac_hpc.method_state.Checkpointable`), the shared tree is the state
-without second-order data (identical on every rank; under MEM-OPT/HYBRID-OPT its factors are
-gathered from the ranks that keep them, so taking it is collective); each rank's shard is the
-second-order data of the layers it is the first grad worker of, so the shards hold one copy of
-everything whatever the strategy, and merging them layer by layer rebuilds the whole state at
+For a checkpoint (:class:`~kfac_hpc.contracts.method_state.Checkpointable`), the shared tree is
+the state without second-order data (identical on every rank; under MEM-OPT/HYBRID-OPT its
+factors are gathered from the ranks that keep them, so taking it is collective); each rank's shard
+is the second-order data of the layers it is the first grad worker of, so the shards hold one copy
+of everything whatever the strategy, and merging them layer by layer rebuilds the whole state at
 any world size.
 """
 
@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from kfac_hpc.comm import AsyncBroadcaster, KAISAAssignment
-from kfac_hpc.method_state import MethodState, SavedState, UnitShapes
-from kfac_hpc.optim.compute import SecondOrderMethod
+from kfac_hpc.contracts.method_state import MethodState, SavedState, UnitShapes
+from kfac_hpc.optim.decomposition_methods import SecondOrderMethod
 from kfac_hpc.optim.factors import LayerFactors
 from kfac_hpc.optim.layer_state import FACTORS, LayerState
 from kfac_hpc.optim.options import KFACOptions

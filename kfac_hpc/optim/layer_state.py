@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from kfac_hpc.optim.compute import SecondOrder
+from kfac_hpc.optim.decomposition_methods import SecondOrder
 from kfac_hpc.optim.factors import LayerFactors
 from kfac_hpc.optim.layers import KFACLayer
 

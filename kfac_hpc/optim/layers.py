@@ -28,7 +28,6 @@ samples, c still using the full N.
 
 from __future__ import annotations
 
-import enum
 import functools
 import itertools
 import math
@@ -38,17 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from kfac_hpc.contracts.choices import KFACApprox  # defined once, with the job's choices
 from kfac_hpc.optim.conv_rows import RowGeometry, inside, row_shift_moments
 
 __all__ = ["Conv1dLayer", "Conv2dLayer", "KFACApprox", "KFACLayer", "LinearLayer", "make_layer"]
-
-
-class KFACApprox(enum.Enum):
-    """How weight sharing (convolutions, Linear layers with extra leading dimensions) enters
-    the factors: every location a row (expand), or one row per sample (reduce)."""
-
-    EXPAND = "expand"
-    REDUCE = "reduce"
 
 
 class KFACLayer:

@@ -3,9 +3,9 @@
 Used as ``loss.backward(); preconditioner.step(); optimizer.step()``. Hooks capture each
 registered layer's input (forward hook) and output gradient (a hook on the output tensor, so
 in-place activations after the layer are fine); ``step()`` then runs the six K-FAC phases of
-docs/contracts.md and writes the preconditioned gradients into ``.grad``. Eigen vs inverse is a
-:class:`~kfac_hpc.optim.compute.SecondOrderMethod` chosen once; each layer's state is one
-:class:`~kfac_hpc.optim.layer_state.LayerState`; saving and loading are in
+docs/contracts.md and writes the preconditioned gradients into ``.grad``. Eigen vs inverse is
+a :class:`~kfac_hpc.optim.decomposition_methods.SecondOrderMethod` chosen once; each layer's
+state is one :class:`~kfac_hpc.optim.layer_state.LayerState`; saving and loading are in
 :mod:`kfac_hpc.optim.kfac_state`.
 """
 
@@ -32,7 +32,8 @@ from kfac_hpc.comm import (
     any_rank,
 )
 from kfac_hpc.contracts.phases import KFAC_PHASES
-from kfac_hpc.optim.compute import SecondOrder, make_method
+from kfac_hpc.optim.decompose_and_broadcast import SecondOrderUpdate
+from kfac_hpc.optim.decomposition_methods import SecondOrder, make_method
 from kfac_hpc.optim.factor_reduction import FactorReduction
 from kfac_hpc.optim.factors import LayerFactors
 from kfac_hpc.optim.finite import all_finite
@@ -41,7 +42,6 @@ from kfac_hpc.optim.layer_state import LayerState
 from kfac_hpc.optim.layers import KFACApprox, KFACLayer, make_layer
 from kfac_hpc.optim.options import ComputeMethod, DampingMode, GradScalerLike, KFACOptions
 from kfac_hpc.optim.schedules import Hyperparameter
-from kfac_hpc.optim.second_order_update import SecondOrderUpdate
 
 __all__ = ["PHASES", "KFACPreconditioner"]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from kfac_hpc.comm.assignment import KAISAAssignment, lpt_schedule
 from kfac_hpc.contracts import PHASES
 from kfac_hpc.plan.alphabeta import AlphaBeta
-from kfac_hpc.plan.compute import ComputeCosts
+from kfac_hpc.plan.compute_costs import ComputeCosts
 from kfac_hpc.plan.layers import ModelShape
 from kfac_hpc.plan.overhead import JobOverhead
 from kfac_hpc.plan.profiles import NetworkProfile

@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kfac_hpc.plan.compute import MeasuredCompute, RatedCompute
+from kfac_hpc.plan.compute_costs import MeasuredCompute, RatedCompute
 from kfac_hpc.plan.errors import PlanInputError
 from kfac_hpc.plan.layers import model_shape
 from kfac_hpc.plan.model import ALL_METHODS, CostModel, Host, PlanConfig, Prediction

@@ -22,17 +22,15 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from kfac_hpc.contracts.environment import EMULATED_NODES
+
 __all__ = [
-    "EMULATED_NODES",
     "LaunchError",
     "LaunchInfo",
     "MpiWorld",
     "discover_launch",
     "probe_mpi4py",
 ]
-
-# The variable a launcher sets to run a multi-node point's ranks on one host.
-EMULATED_NODES = "KFAC_HPC_EMULATED_NODES"
 
 
 class LaunchError(RuntimeError):

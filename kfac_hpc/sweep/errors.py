@@ -1,4 +1,5 @@
-"""The one error type for bad sweep input: it names the field and the fix."""
+"""The sweep's errors: bad input is an :class:`~kfac_hpc.contracts.errors.InputError`
+(contracts/errors.py); a failed workflow step is not bad input."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ __all__ = ["SweepInputError", "WorkflowError"]
 
 
 class SweepInputError(InputError):
-    """Bad user input. The CLI prints ``field: message`` on one line and exits 2."""
+    """Bad sweep input, an :class:`InputError`: ``kfac-hpc sweep: error: field: message`` on
+    one line, exit 2 (cli_errors.py)."""
 
 
 class WorkflowError(RuntimeError):

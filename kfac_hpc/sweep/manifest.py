@@ -19,29 +19,16 @@ from typing import Any
 
 from kfac_hpc.contracts.atomic import write_text_atomic
 
-__all__ = ["STATES", "ArrayRecord", "Manifest", "PointRecord", "locked_manifest", "read_manifest"]
+__all__ = ["ArrayRecord", "Manifest", "PointRecord", "locked_manifest", "read_manifest"]
 
 SCHEMA = 1
 MANIFEST = "manifest.json"
-# Point states; the last four are the ones `resume` resubmits.
-STATES = (
-    "pending",
-    "submitted",
-    "running",
-    "requeued",
-    "done",
-    "failed",
-    "timeout",
-    "cancelled",
-    "preempted",
-)
-FINAL_STATES = ("done", "failed", "timeout", "cancelled", "preempted")
-RESUMABLE_STATES = ("failed", "timeout", "cancelled", "preempted")
 
 
 @dataclass
 class PointRecord:
-    """One point. ``job_id`` is Slurm's ``<array_job_id>_<index>`` (or ``local``)."""
+    """One point. ``job_id`` is Slurm's ``<array_job_id>_<index>`` (or ``local``); ``state``
+    is a :class:`~kfac_hpc.contracts.states.PointState` value."""
 
     point_id: str
     params: dict[str, Any]

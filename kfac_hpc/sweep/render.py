@@ -18,11 +18,11 @@ from kfac_hpc import __version__
 from kfac_hpc.contracts.exit_codes import ExitCode
 from kfac_hpc.contracts.rundir import Marker
 from kfac_hpc.contracts.textfile import read_user_text
-from kfac_hpc.sweep.command import train_argv
 from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.profile import SiteProfile, train_command
 from kfac_hpc.sweep.safety import quote
 from kfac_hpc.sweep.spec import Point, SweepSpec
+from kfac_hpc.sweep.train_args import train_argv
 
 __all__ = ["ArrayScript", "load_template", "render_array"]
 

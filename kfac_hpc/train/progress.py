@@ -1,8 +1,14 @@
-"""What a person watching the job sees: one line per epoch on rank 0; a live step counter
-when stderr is a terminal."""
+"""What a person watching the job sees: one line per evaluation (every epoch end) on rank 0; a
+live step counter when stderr is a terminal.
+
+A line's loss and samples/s are those of the metrics windows (``--log-every`` steps each) that
+closed since the line before, weighted by their steps and their seconds; ``-`` when none closed
+(windows longer than an epoch), never the figures of a window an earlier line already showed.
+"""
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any, Protocol
 
@@ -16,18 +22,31 @@ class _Run(Protocol):
 
 
 class Progress:
-    """One line per epoch on rank 0; a live step counter when stderr is a terminal."""
+    """One line per evaluation on rank 0; a live step counter when stderr is a terminal."""
 
     def __init__(self, job: _Run, enabled: bool) -> None:
         self.job = job
         self.enabled = enabled and job.rank == 0
         self.tty = self.enabled and sys.stderr.isatty()
-        self.last_loss: float | None = None
-        self.last_rate: float | None = None
+        self._new_windows()
+
+    def _new_windows(self) -> None:
+        """Forget the windows a line has shown."""
+        self._loss_sum = 0.0  # sum of loss * window steps
+        self._steps = 0
+        self._samples = 0.0  # sum of samples/s * window seconds
+        self._seconds = 0.0
 
     def window(self, step: int, record: dict[str, Any]) -> None:
         if record:
-            self.last_loss, self.last_rate = record["loss"], record["samples_per_s"]
+            steps = int(record.get("window_steps") or 1)
+            self._loss_sum += float(record["loss"]) * steps
+            self._steps += steps
+            seconds = float(record.get("step_s") or 0.0) * steps
+            rate = record.get("samples_per_s")
+            if rate is not None and seconds > 0 and math.isfinite(rate):
+                self._samples += float(rate) * seconds
+                self._seconds += seconds
         if self.tty:
             job = self.job
             done = step % job.steps_per_epoch or job.steps_per_epoch
@@ -41,8 +60,9 @@ class Progress:
             return
         job = self.job
         epochs = -(-job.total_steps // job.steps_per_epoch)
-        loss = "-" if self.last_loss is None else f"{self.last_loss:.4f}"
-        rate = "-" if self.last_rate is None else f"{self.last_rate:.0f}"
+        loss = f"{self._loss_sum / self._steps:.4f}" if self._steps else "-"
+        rate = f"{self._samples / self._seconds:.0f}" if self._seconds > 0 else "-"
+        self._new_windows()
         if self.tty:
             sys.stderr.write("\r" + " " * 50 + "\r")
         print(

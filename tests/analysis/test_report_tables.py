@@ -29,7 +29,7 @@ def _phase_table(blocks):
 def test_few_phases_are_columns_with_their_unit(tmp_path):
     table = _phase_table(_blocks(tmp_path, {"forward": 0.02, "grad_allreduce": 0.0004}))
     assert table.titles == ["configuration", "nodes", "forward (ms)", "grad allreduce (µs)"]
-    assert table.cells[0] == ["sgd", "1", "20.0", "400"]
+    assert table.cells[0] == ["SGD", "1", "20.0", "400"]
 
 
 def test_all_twelve_phases_turn_into_rows_in_one_unit(tmp_path):
@@ -37,10 +37,10 @@ def test_all_twelve_phases_turn_into_rows_in_one_unit(tmp_path):
     table = _phase_table(_blocks(tmp_path, phases))
     assert table.titles == [
         "phase",
-        "sgd ×1",
-        "sgd ×2",
-        "sgd+kfac gwf=1.0 ×1",
-        "sgd+kfac gwf=1.0 ×2",
+        "SGD, 1 node",
+        "SGD, 2 nodes",
+        "K-FAC, grad workers 1/1, 1 node",
+        "K-FAC, grad workers 1/1, 2 nodes",
     ]
     assert "(ms," in table.text
     assert [row[0] for row in table.cells] == [p.replace("_", " ") for p in PHASES]

@@ -44,16 +44,19 @@ def test_known_timings_give_known_sentences(tmp_path):
     runs[3].attempt_ends = (30,)  # kfac-n2 was requeued once
     runs.append(_run("sgd-n4-late", 4, False, state="error", seed=9))
     assert _sentences(tmp_path, runs) == [
+        # one direction: K-FAC's time over SGD's, (20 * 0.13) / (40 * 0.1) = 0.65,
+        # (20 * 0.08) / (40 * 0.06) = 0.667, 1.4 / 2.2 = 0.636
+        "K-FAC reaches the target accuracy of 80 % in 0.650× SGD's time at 1 node (2.60 s "
+        "against 4.00 s), 0.667× at 2 nodes (1.60 s against 2.40 s) and 0.636× at 4 nodes "
+        "(1.40 s against 2.20 s).",
         # 64 / 0.1 = 640 and 64 / 0.055 = 1163.6 samples/s; K-FAC is slower per step throughout
-        "sgd has the highest throughput at every node count, from 640 samples/s at 1 node "
-        "to 1,160 at 4 nodes.",
-        # (40 * 0.1) / (20 * 0.13) = 1.538, (40 * 0.06) / (20 * 0.08) = 1.5, 2.2 / 1.4 = 1.571
-        "K-FAC reaches the target accuracy faster at 1, 2 and 4 nodes (1.54×, 1.50×, 1.57×) "
-        "than SGD (first-order time over K-FAC time).",
-        # SGD at 4 nodes: (64 / 0.055) / 640 / 4 = 45.5 %; K-FAC 46.4 %: the lower one is named
-        "Parallel efficiency drops below 50 % at 4 nodes (sgd: 45.5 %).",
+        "Highest throughput: SGD at every node count, from 640 samples/s at 1 node to "
+        "1,160 samples/s at 4 nodes.",
+        # SGD at 4 nodes: (64 / 0.055) / 640 / 4 = 0.455; K-FAC 0.464: the lower one is named
+        "Parallel efficiency drops below 0.5 at 4 nodes (0.455 for SGD: 1.82× the throughput "
+        "on 4× the nodes).",
         # SGD, 8 ranks at 4 nodes: factors 1 - 0.035 .. 1 + 0.035: (max - min) / mean = 7 %
-        "Stragglers: the ranks' mean step times spread by up to 7.00 % (sgd at 4 nodes).",
+        "Stragglers: the ranks' mean step times spread by up to 7.00 % (SGD at 4 nodes).",
         "6 of 7 points finished; 1 failed (sgd-n4-late); 1 requeued (kfac-n2).",
     ]
 
@@ -67,13 +70,13 @@ def test_without_target_or_stragglers_the_sentences_say_so(tmp_path):
     for run in runs:
         run.rank_skew = 0.001  # 4 ranks at 2 nodes: spread 0.3 %
     assert _sentences(tmp_path, runs) == [
-        "sgd has the highest throughput at every node count, from 640 samples/s at 1 node "
-        "to 1,070 at 2 nodes.",
         "K-FAC and first-order time to target are not compared: no target accuracy was set "
         "(pass --target-accuracy).",
-        # SGD 1066.7 / 640 / 2 = 83.3 %, K-FAC 800 / 492.3 / 2 = 81.3 %
-        "Parallel efficiency stays at or above 50 % up to 2 nodes (lowest: 81.3 %, "
-        "sgd+kfac gwf=1.0 at 2 nodes).",
+        "Highest throughput: SGD at every node count, from 640 samples/s at 1 node to "
+        "1,070 samples/s at 2 nodes.",
+        # SGD 1066.7 / 640 / 2 = 0.833, K-FAC 800 / 492.3 / 2 = 0.813
+        "Parallel efficiency stays at or above 0.5 up to 2 nodes (lowest 0.813 for K-FAC, "
+        "grad workers 1/1 at 2 nodes: 1.63× the throughput on 2× the nodes).",
         "No stragglers: the ranks' mean step times lie within 0.300 %.",
         "All 4 points finished.",
     ]

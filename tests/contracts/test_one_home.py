@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import enum
+import functools
 import inspect
 import typing
 from pathlib import Path
@@ -38,8 +39,8 @@ from kfac_hpc.optim import KFACOptions
 from kfac_hpc.optim.fosi import FOSIOptions
 from kfac_hpc.optim.fosi.hvp import HvpMode
 from kfac_hpc.plan import cli as plan_cli
-from kfac_hpc.sweep.commands import run as sweep_run
-from kfac_hpc.sweep.commands import sweep as sweep_group
+from kfac_hpc.sweep.cli import run as sweep_run
+from kfac_hpc.sweep.cli import sweep as sweep_group
 from kfac_hpc.sweep.spec import AXES, TRAIN_SETTINGS
 from kfac_hpc.train.cli import train
 
@@ -228,10 +229,11 @@ def test_choices_are_the_library_enums() -> None:
     assert optim.AssignmentStrategy is comm.AssignmentStrategy is choices.AssignmentStrategy
     assert comm.DistributionStrategy is choices.DistributionStrategy
     assert options.DampingMode is choices.DampingMode
-    assert GRAD_WORKER_NAMES == choices.values(choices.DistributionStrategy)
+    assert choices.values(choices.DistributionStrategy) == GRAD_WORKER_NAMES
     assert OPTIONS["fosi_hvp"].choices == choices.HVP_MODES == typing.get_args(HvpMode)
 
 
+@functools.cache
 def _modules() -> list[tuple[Path, ast.Module]]:
     return [(p, ast.parse(p.read_text(), str(p))) for p in sorted(PACKAGE.rglob("*.py"))]
 
@@ -294,10 +296,10 @@ def test_one_module_is_the_error_type() -> None:
 
 def _bad(tmp: Path) -> list[tuple[list[str], str]]:
     """(argv, the line's start) of bad input to every command."""
-    missing = str(tmp / "missing")
+    missing, run = str(tmp / "missing"), str(tmp / "run")
     return [
-        (["train", "--run-dir", str(tmp / "r"), "--batch-size", "0"], "train: error: --batch-size: "),
-        (["train", "--run-dir", str(tmp / "r"), "--epochs", "x"], "train: error: --epochs: "),
+        (["train", "--run-dir", run, "--batch-size", "0"], "train: error: --batch-size: "),
+        (["train", "--run-dir", run, "--epochs", "x"], "train: error: --epochs: "),
         (["sweep", "--nodes", "1", "--backend", "bogus"], "sweep: error: --backend: "),
         (["sweep", "--nodes", "0", "--sweep-dir", str(tmp / "s")], "sweep: error: nodes: "),
         (["status", missing], "status: error: SWEEP_DIR: "),

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from kfac_hpc import KFACPreconditioner
-from kfac_hpc.optim import second_order_update
+from kfac_hpc.optim import decompose_and_broadcast
 from kfac_hpc.optim.host_threads import map_side_by_side
 from tests.optim.helpers import small_cnn
 
@@ -89,12 +89,12 @@ def _preconditioned(method: str) -> list[torch.Tensor]:
 
 
 def _in_layer_order(
-    self: second_order_update.SecondOrderUpdate, work: list[Any], damping: float
+    self: decompose_and_broadcast.SecondOrderUpdate, work: list[Any], damping: float
 ) -> list[Any]:
     """Reference: every (layer, factor) in layer order in the caller's thread, with one
     intra-op thread for a factor up to the limit (as in the pool), every thread above it."""
     threads, results = torch.get_num_threads(), []
-    limit = second_order_update.SIDE_BY_SIDE_MAX_N
+    limit = decompose_and_broadcast.SIDE_BY_SIDE_MAX_N
     try:
         for state, key in work:
             width = state.layer.factor_shapes["AG".index(key)][-1]
@@ -111,7 +111,7 @@ def _in_layer_order(
 def test_side_by_side_decompositions_give_the_layer_order_result_bit_for_bit(
     method: str, limit: int, two_threads: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(second_order_update, "SIDE_BY_SIDE_MAX_N", limit)
+    monkeypatch.setattr(decompose_and_broadcast, "SIDE_BY_SIDE_MAX_N", limit)
     name = "eigh" if method == "eigen" else "inv"
     real, threads = getattr(torch.linalg, name), set()
 
@@ -122,7 +122,7 @@ def test_side_by_side_decompositions_give_the_layer_order_result_bit_for_bit(
     monkeypatch.setattr(torch.linalg, name, recorded)
     side_by_side = _preconditioned(method)
     assert threads - {threading.get_ident()}  # the pool's threads ran some
-    monkeypatch.setattr(second_order_update.SecondOrderUpdate, "_decompose", _in_layer_order)
+    monkeypatch.setattr(decompose_and_broadcast.SecondOrderUpdate, "_decompose", _in_layer_order)
     reference = _preconditioned(method)
     assert len(side_by_side) == len(reference) > 0
     for a, b in zip(side_by_side, reference, strict=True):
@@ -147,7 +147,7 @@ def test_failing_decompositions_side_by_side_warn_once_per_layer_from_the_caller
         kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1
         real_warn(*args, **kwargs)
 
-    monkeypatch.setattr(second_order_update.warnings, "warn", warn)
+    monkeypatch.setattr(decompose_and_broadcast.warnings, "warn", warn)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):
@@ -171,7 +171,7 @@ def test_factors_wider_than_the_limit_run_in_the_callers_thread(
         return real(matrix, *args, **kwargs)
 
     monkeypatch.setattr(torch.linalg, "eigh", recorded)
-    monkeypatch.setattr(second_order_update, "SIDE_BY_SIDE_MAX_N", 20)
+    monkeypatch.setattr(decompose_and_broadcast, "SIDE_BY_SIDE_MAX_N", 20)
     _preconditioned("eigen")
     caller = threading.get_ident()
     wide = {ident for n, ident in seen if n > 20}

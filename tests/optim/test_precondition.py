@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from kfac_hpc import KFACPreconditioner
-from kfac_hpc.optim.compute import make_method
+from kfac_hpc.optim.decomposition_methods import make_method
 from kfac_hpc.optim.options import ComputeMethod
 from tests.optim.helpers import dense_eigen_step, dense_inverse_step
 

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from kfac_hpc import KFACPreconditioner
+from kfac_hpc.optim.decompositions import decompose
 from kfac_hpc.optim.finite import all_finite
-from kfac_hpc.optim.second_order import decompose
 from tests.optim.helpers import small_cnn
 
 

@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from kfac_hpc import KFACPreconditioner
 from kfac_hpc.plan.alphabeta import AlphaBeta
-from kfac_hpc.plan.compute import RatedCompute
+from kfac_hpc.plan.compute_costs import RatedCompute
 from kfac_hpc.plan.layers import INPUTS, model_shape
 from kfac_hpc.plan.model import CostModel, PlanConfig
 from kfac_hpc.plan.profiles import MachineProfile, NetworkProfile

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from kfac_hpc.plan.alphabeta import AlphaBeta
-from kfac_hpc.plan.compute import RatedCompute
+from kfac_hpc.plan.compute_costs import RatedCompute
 from kfac_hpc.plan.explain import config_of_run
 from kfac_hpc.plan.layers import model_shape
 from kfac_hpc.plan.model import CostModel, PlanConfig, collective_s

@@ -13,7 +13,7 @@ import pytest
 
 from kfac_hpc.plan.alphabeta import AlphaBeta
 from kfac_hpc.plan.calibrate import SYNC_BYTES, fit_sync
-from kfac_hpc.plan.compute import RatedCompute
+from kfac_hpc.plan.compute_costs import RatedCompute
 from kfac_hpc.plan.errors import PlanInputError
 from kfac_hpc.plan.layers import model_shape
 from kfac_hpc.plan.model import CostModel, Host, PlanConfig, collective_s

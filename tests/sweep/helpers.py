@@ -34,19 +34,19 @@ def cli(
     )
 
 
-SCALING_HEADER = ["configuration", "nodes", "done", "points", "throughput"]  # titles for people
+SCALING_HEADER = ["configuration", "nodes"]  # the terminal's scaling table, for people
 
 
 def assert_scaling_report(
     out: subprocess.CompletedProcess[str], sweep_dir: Path, done: set[int], points: int = 1
 ):
-    """``out`` (of a sweep that waited) printed the collector's scaling table: one row per
-    point group, those of the node counts in ``done`` with a measured throughput, and wrote
-    the report with its tables."""
-    lines = [line for line in out.stdout.splitlines() if line.strip()]
-    assert lines and lines[0].split()[:5] == SCALING_HEADER, out.stdout
-    assert len(lines) == 1 + points, out.stdout
-    assert len([line for line in lines[1:] if "mlp digits" in line]) == len(done), out.stdout
+    """``out`` (of a sweep that waited) printed the report's summary, its scaling table (one
+    row per point group and node count) and the path of report.html, and wrote the report
+    with its tables, those of the node counts in ``done`` with a measured throughput."""
+    tables = [p for p in out.stdout.split("\n\n") if p.split()[:2] == SCALING_HEADER]
+    assert len(tables) == 1, out.stdout
+    assert len(tables[0].strip().splitlines()) == 1 + points, out.stdout
+    assert out.stdout.rstrip().endswith(f"Report: {sweep_dir / 'report' / 'report.html'}")
     assert "report unavailable" not in out.stderr and "report failed" not in out.stderr
     with open(sweep_dir / "report" / "tables" / "scaling.csv", newline="") as fh:
         rows = [r for r in csv.DictReader(fh) if int(r["runs"]) > 0]

@@ -14,7 +14,7 @@ from kfac_hpc.sweep.backends import SweepBackend, backend_for
 from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.follow import cancel_sweep, resume_sweep, status
 from kfac_hpc.sweep.manifest import Manifest, PointRecord, read_manifest
-from kfac_hpc.sweep.submit import PreparedSweep, new_manifest, prepare_sweep
+from kfac_hpc.sweep.prepare import PreparedSweep, new_manifest, prepare_sweep
 from tests.sweep.helpers import cli, spec
 
 CALLS: list[tuple[str, list[str]]] = []
@@ -57,9 +57,10 @@ def recording(monkeypatch):
 
 
 def test_a_registered_backend_runs_status_cancel_and_resume(recording, tmp_path):
-    prepared = prepare_sweep(spec(nodes="1,2", repeats=3), tmp_path / "sw", "recording")
+    backend = backend_for("recording")
+    prepared = prepare_sweep(spec(nodes="1,2", repeats=3), tmp_path / "sw", backend)
     assert [s.name for s in prepared.scripts] == ["n1-0", "n1-1", "n2-0", "n2-1"]
-    backend_for("recording").submit(prepared)
+    backend.submit(prepared)
     ids = [p.point_id for p in read_manifest(prepared.sweep_dir).points]
     _, rows = status(prepared.sweep_dir)
     assert {r.state for r in rows} == {"running"}

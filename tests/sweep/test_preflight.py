@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kfac_hpc.sweep.submit import _requested_partition
+from kfac_hpc.sweep.slurm_commands import requested_partition
 from tests.sweep.helpers import cli
 
 
 def test_partition_argument_forms_are_recognised() -> None:
-    assert _requested_partition(["--exclusive", "-p", "gpu"]) == "gpu"
-    assert _requested_partition(["-pgpu"]) == "gpu"
-    assert _requested_partition(["--partition=big"]) == "big"
-    assert _requested_partition(["--partition", "big"]) == "big"
-    assert _requested_partition(["--exclusive"]) is None
+    assert requested_partition(["--exclusive", "-p", "gpu"]) == "gpu"
+    assert requested_partition(["-pgpu"]) == "gpu"
+    assert requested_partition(["--partition=big"]) == "big"
+    assert requested_partition(["--partition", "big"]) == "big"
+    assert requested_partition(["--exclusive"]) is None
 
 
 def test_ranks_per_node_must_match_gpus_per_node_unless_asked(tmp_path: Path) -> None:

@@ -11,9 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from kfac_hpc.cli import main
+from kfac_hpc.sweep.backends import backend_for
+from kfac_hpc.sweep.prepare import new_manifest, prepare_sweep
 from kfac_hpc.sweep.progress_line import ProgressLine, count_states, progress_text
 from kfac_hpc.sweep.spec import load_spec
-from kfac_hpc.sweep.submit import new_manifest, prepare_sweep
 from tests.sweep.helpers import cli
 
 
@@ -73,7 +74,7 @@ def test_terminal_rewrites_the_line_in_place():
 
 def test_status_watch_prints_the_line_then_the_table(tmp_path):
     spec = load_spec(None, {"nodes": "1", "seed": "1,2,3,4", "model": "mlp"})
-    prepared = prepare_sweep(spec, tmp_path / "sw", "local", load=False)
+    prepared = prepare_sweep(spec, tmp_path / "sw", backend_for("local"), load=False)
     manifest = new_manifest(prepared)
     manifest.write(prepared.sweep_dir)
     for i, point in enumerate(manifest.points):

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from kfac_hpc.sweep.prepare import plan_arrays
 from kfac_hpc.sweep.profile import load_profile
 from kfac_hpc.sweep.render import load_template, render_array
 from kfac_hpc.sweep.spec import expand_points
-from kfac_hpc.sweep.submit import plan_arrays
 from tests.helpers.waiting import wait_until
 from tests.sweep.helpers import GOLDEN, spec
 

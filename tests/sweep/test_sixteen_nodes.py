@@ -13,8 +13,8 @@ import time
 import pytest
 
 from kfac_hpc.sweep.manifest import read_manifest
-from kfac_hpc.sweep.slurm import max_array_size
-from kfac_hpc.workflows.sweep_flow import wait_for_sweep
+from kfac_hpc.sweep.slurm_commands import max_array_size
+from kfac_hpc.sweep.waiting import wait_for_sweep
 from tests.analysis.checks import assert_report_complete, run_report
 from tests.conftest import clean_env
 from tests.helpers.waiting import wait_until
@@ -99,7 +99,7 @@ def test_sweep_1_2_4_16_runs_through_preemption_status_and_report(slurm_cluster,
     )
     assert update.returncode == 0, update.stderr
 
-    final = wait_for_sweep(sweep_dir, poll_s=1.0, timeout_s=600)
+    final = wait_for_sweep(sweep_dir, first_s=1.0, max_s=5.0, timeout_s=600)
     assert {p.state for p in final.points} == {"done"}
     for point in final.points:
         run = json.loads((sweep_dir / point.run_dir / "run.json").read_text())
@@ -171,6 +171,8 @@ def test_a_node_count_no_partition_holds_is_refused_before_submission(slurm_clus
         f"1,{total + 1}",
         "--steps",
         "5",
+        "--scaling",  # a global batch of 128 splits over no odd node count: the job refuses it
+        "weak",
         "--sweep-dir",
         str(sweep_dir),
         env=slurm_cluster,

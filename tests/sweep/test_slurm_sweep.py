@@ -17,7 +17,7 @@ import pytest
 
 from kfac_hpc.sweep.manifest import read_manifest
 from kfac_hpc.sweep.spec import expand_points, load_spec
-from kfac_hpc.workflows.sweep_flow import wait_for_sweep
+from kfac_hpc.sweep.waiting import wait_for_sweep
 from tests.analysis.checks import assert_report_complete, run_report
 from tests.conftest import clean_env
 from tests.sweep.helpers import assert_scaling_report, cli
@@ -76,11 +76,11 @@ def sweep_run(slurm_cluster, tmp_path_factory):
         env=clean_env(slurm_cluster),
     )
     seen["squeue"] = squeue.stdout
-    seen["first"] = wait_for_sweep(sweep_dir, poll_s=1.0, timeout_s=420)
+    seen["first"] = wait_for_sweep(sweep_dir, first_s=1.0, max_s=5.0, timeout_s=420)
     resumed = cli("resume", str(sweep_dir), env=slurm_cluster)
     assert resumed.returncode == 0, resumed.stderr
     seen["resume_stdout"] = resumed.stdout
-    seen["final"] = wait_for_sweep(sweep_dir, poll_s=1.0, timeout_s=300)
+    seen["final"] = wait_for_sweep(sweep_dir, first_s=1.0, max_s=5.0, timeout_s=300)
     seen["status"] = cli("status", str(sweep_dir), "--json", env=slurm_cluster)
     return seen
 
@@ -234,7 +234,7 @@ def test_preempted_point_is_requeued_and_matches_an_uninterrupted_twin(slurm_clu
         timeout=30,
     )
     assert update.returncode == 0, update.stderr
-    final = wait_for_sweep(sweep_dir, poll_s=1.0, timeout_s=400)
+    final = wait_for_sweep(sweep_dir, first_s=1.0, max_s=5.0, timeout_s=400)
     assert {p.state for p in final.points} == {"done"}
     run = json.loads((sweep_dir / victim.run_dir / "run.json").read_text())
     assert run["restarts"] == 1 and [a["end"] for a in run["attempts"]] == ["preempted", "done"]
@@ -257,7 +257,7 @@ def test_preempted_point_is_requeued_and_matches_an_uninterrupted_twin(slurm_clu
 
 
 def test_max_array_size_is_read_from_the_cluster(slurm_cluster):
-    from kfac_hpc.sweep.slurm import max_array_size
+    from kfac_hpc.sweep.slurm_commands import max_array_size
 
     conf = Path(os.environ["SLURM_CONF"]).read_text()
     assert f"MaxArraySize={max_array_size()}\n" in conf

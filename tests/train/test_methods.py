@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from kfac_hpc.checkpoint import load_checkpoint
 from kfac_hpc.cli import main
-from kfac_hpc.method_state import MethodState, SavedState, UnitShapes
+from kfac_hpc.contracts.method_state import MethodState, SavedState, UnitShapes
 from kfac_hpc.train import job
 from kfac_hpc.train.methods import (
     CurvatureLoss,
@@ -59,7 +59,7 @@ class SignDescent(Method):
         timer.lap("optimizer")
         self.calls += 1
 
-    # -- the checkpoint's view (kfac_hpc.method_state.Checkpointable)
+    # -- the checkpoint's view (kfac_hpc.contracts.method_state.Checkpointable)
     label = "sign descent"
     state_group = "sign_state"
     shard_group = "sign_shard"

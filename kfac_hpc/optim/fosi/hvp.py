@@ -21,10 +21,12 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-__all__ = ["HVP_MODES", "HessianVectorProduct", "HvpMode"]
+__all__ = ["HessianVectorProduct", "HvpMode"]
 
+# The routes are defined once, as the choices of FOSI's ``hvp`` and the job's --fosi-hvp
+# (contracts/choices.HVP_MODES); this Literal spells them for type checkers only
+# (tests/contracts/test_one_home.py checks they are the same values).
 HvpMode = Literal["auto", "forward-over-reverse", "double-backward"]
-HVP_MODES: tuple[str, ...] = ("auto", "forward-over-reverse", "double-backward")
 Closure = Callable[[], torch.Tensor]
 
 

@@ -5,7 +5,7 @@ the method reduces them itself: ``reduces_gradients``) into a parameter update. 
 everything else: data, forward, backward, the gradient allreduce, the learning rate (set on
 ``method.optimizer`` before every step), evaluation, checkpoints, records and preemption. A
 method declares the timing phases its step charges, its own state for the checkpoint (plain
-trees, :class:`~kfac_hpc.method_state.Checkpointable`) and what it adds to ``run.json``.
+trees, :class:`~kfac_hpc.contracts.method_state.Checkpointable`) and what it adds to ``run.json``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from kfac_hpc.method_state import Checkpointable
+from kfac_hpc.contracts.method_state import Checkpointable
 from kfac_hpc.train.config import TrainConfig
 from kfac_hpc.train.timing import PhaseTimer
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+from kfac_hpc.contracts.method_state import MethodState, SavedState, UnitShapes
 from kfac_hpc.contracts.options import OPTIONS
 from kfac_hpc.contracts.phases import FOSI_PHASES
-from kfac_hpc.method_state import MethodState, SavedState, UnitShapes
 from kfac_hpc.optim.fosi import FOSI, NonFiniteCurvature
 from kfac_hpc.train.config import ConfigError, TrainConfig
 from kfac_hpc.train.methods.base import CurvatureLoss, Method, MethodSetup, TrainingDiverged

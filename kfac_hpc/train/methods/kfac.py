@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kfac_hpc.method_state import Checkpointable
+from kfac_hpc.contracts.method_state import Checkpointable
 from kfac_hpc.optim import PHASES as KFAC_PHASES
 from kfac_hpc.optim import KFACPreconditioner
 from kfac_hpc.train.methods.base import CurvatureLoss, Method, MethodSetup

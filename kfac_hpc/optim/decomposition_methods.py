@@ -3,7 +3,7 @@
 
 Both strategies hold one typed record per factor (:class:`EigenFactor` or
 :class:`InverseFactor`); the preconditioner never looks inside one except through this
-interface. The math is in :mod:`kfac_hpc.optim.second_order`.
+interface. The math is in :mod:`kfac_hpc.optim.decompositions`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from kfac_hpc.optim.options import ComputeMethod, DampingMode
-from kfac_hpc.optim.second_order import (
+from kfac_hpc.optim.decompositions import (
     EigenFactor,
     InverseFactor,
     decompose,
@@ -25,6 +24,7 @@ from kfac_hpc.optim.second_order import (
     precondition_eigen,
     precondition_inverse,
 )
+from kfac_hpc.optim.options import ComputeMethod, DampingMode
 
 __all__ = ["EigenMethod", "InverseMethod", "SecondOrder", "SecondOrderMethod", "make_method"]
 

@@ -1,4 +1,5 @@
-"""The ``kfac-hpc train`` command line of a point: the only interface between sweep and job."""
+"""The ``kfac-hpc train`` arguments of a point: how the sweep starts its job (the job checks
+them through its one seam, :mod:`kfac_hpc.sweep.job_checks`), and the point's group hash."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from kfac_hpc.comm import AsyncBroadcaster, KAISAAssignment, KAISAGroups
-from kfac_hpc.optim.compute import SecondOrder, SecondOrderMethod
+from kfac_hpc.optim.decomposition_methods import SecondOrder, SecondOrderMethod
 from kfac_hpc.optim.host_threads import map_side_by_side
 from kfac_hpc.optim.layer_state import FACTORS, LayerState
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from kfac_hpc.sweep.backends.slurm import array_spec
+from kfac_hpc.sweep.prepare import plan_arrays
 from kfac_hpc.sweep.spec import expand_points
-from kfac_hpc.sweep.submit import array_spec, plan_arrays
 from tests.sweep.helpers import cli, spec
 
 

@@ -22,10 +22,13 @@ from kfac_hpc.sweep.errors import SweepInputError
 __all__ = [
     "SlurmError",
     "TaskState",
+    "check_accepted",
+    "check_partition_fits",
     "cluster_problem",
     "job_states",
     "max_array_size",
     "partition_limits",
+    "requested_partition",
     "require_sbatch",
     "sacct_states",
     "sbatch",
@@ -181,6 +184,37 @@ def partition_limits() -> list[Partition]:
     return found
 
 
+def requested_partition(sbatch_args: Sequence[str]) -> str | None:
+    """The partition named by ``-p X``, ``-pX``, ``--partition X`` or ``--partition=X``."""
+    for i, arg in enumerate(sbatch_args):
+        if arg in ("-p", "--partition") and i + 1 < len(sbatch_args):
+            return sbatch_args[i + 1]
+        for prefix in ("--partition=", "-p"):
+            if arg.startswith(prefix) and len(arg) > len(prefix):
+                return arg[len(prefix) :]
+    return None
+
+
+def check_partition_fits(
+    nodes: int, partition: str | None, sbatch_args: Sequence[str]
+) -> int | None:
+    """Refuse a node count that the partition can never hold (it would pend forever).
+    Returns the most nodes one job gets in the partition asked for (None: not known)."""
+    partitions = partition_limits()
+    wanted = requested_partition(sbatch_args) or partition
+    chosen = [p for p in partitions if p.name == wanted or (wanted is None and p.default)]
+    for part in chosen:
+        if nodes > part.job_nodes:
+            biggest = max(partitions, key=lambda p: p.job_nodes)
+            raise SweepInputError(
+                "nodes",
+                f"{nodes} node(s) do not fit partition {part.name}, which holds at most "
+                f"{part.job_nodes} node(s) per job (largest partition: {biggest.name}, "
+                f"{biggest.job_nodes}); lower --nodes or choose a partition with --sbatch-arg=-p",
+            )
+    return chosen[0].job_nodes if chosen else None
+
+
 def sbatch(argv: Sequence[str], cwd: Path) -> str:
     """Submit (``argv`` = the full ``sbatch ...`` command line) and return the job id."""
     out = _run(argv, cwd=cwd)
@@ -199,6 +233,16 @@ def sbatch_test_only(
     if out.returncode == 0:
         return None
     return (out.stderr.strip() or out.stdout.strip()).replace("\n", " ")
+
+
+def check_accepted(argv: Sequence[str], script: str, what: str) -> None:
+    """SweepInputError with Slurm's reason unless ``sbatch --test-only`` accepts ``script``
+    (given on stdin) with ``argv`` (``sbatch OPTIONS``, no script path): an allocation Slurm
+    can never grant (more ranks or CPUs than the nodes have, GPUs it lacks, a partition it
+    does not know, a time limit above the partition's) is refused before anything is written."""
+    problem = sbatch_test_only(argv, script=script)
+    if problem is not None:
+        raise SweepInputError("sbatch", f"Slurm rejects {what}: {problem}")
 
 
 _SQUEUE_FMT = "%F|%K|%i|%T|%r"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -22,15 +21,15 @@ from kfac_hpc.cli_errors import exit_with, guard
 from kfac_hpc.contracts.exit_codes import ExitCode
 from kfac_hpc.contracts.options import ALIASES
 from kfac_hpc.contracts.states import PointState
-from kfac_hpc.sweep import slurm
 from kfac_hpc.sweep.backends import BACKEND_NAMES
 from kfac_hpc.sweep.errors import SweepInputError, WorkflowError
 from kfac_hpc.sweep.manifest import MANIFEST, read_manifest
+from kfac_hpc.sweep.slurm_commands import SlurmError
 from kfac_hpc.sweep.spec import AXES, TRAIN_SETTINGS
 
 __all__ = ["cancel", "resume", "run", "status", "sweep"]
 
-_FAILURES = ((slurm.SlurmError, "Slurm error"), (WorkflowError, "workflow error"))
+_FAILURES = ((SlurmError, "Slurm error"), (WorkflowError, "workflow error"))
 _LIST = "comma-separated list"
 
 
@@ -156,15 +155,17 @@ def _sweep(
     **fields: Any,
 ) -> None:
     from kfac_hpc.sweep.backends import backend_for
+    from kfac_hpc.sweep.backends.slurm import dry_run_lines
+    from kfac_hpc.sweep.prepare import prepare_sweep, write_scripts
     from kfac_hpc.sweep.spec import load_spec
-    from kfac_hpc.sweep.submit import dry_run_lines, prepare_sweep, write_scripts
 
     spec = load_spec(Path(sweep_file) if sweep_file else None, fields)
     directory = Path(sweep_dir) if sweep_dir else Path("sweeps") / spec.name
+    sweep_backend = backend_for(backend)
     prepared = prepare_sweep(
         spec,
         directory,
-        backend,
+        sweep_backend,
         Path(template) if template else None,
         load=not dry_run,
         dry_run=dry_run,
@@ -183,13 +184,12 @@ def _sweep(
             click.echo(f"# {unchecked}")
         click.echo("\n".join(dry_run_lines(prepared)))
         return
-    sweep_backend = backend_for(backend)
     if sweep_backend.runs_in_process or wait:
         from kfac_hpc.sweep.progress_line import watching
         from kfac_hpc.workflows.sweep_flow import run_sweep
 
         with watching(prepared.sweep_dir, sys.stderr):
-            text = run_sweep(prepared)
+            text = run_sweep(prepared, sweep_backend)
         click.echo(text, nl=False)
         final = read_manifest(prepared.sweep_dir).points
         unfinished = [p for p in final if PointState(p.state) is not PointState.DONE]
@@ -217,7 +217,10 @@ def _sweep(
     "--watch", is_flag=True, help="Show a progress line until no point is live, then the table."
 )
 @click.option(
-    "--interval", default=2.0, type=click.FloatRange(0.1, 3600), help="Seconds between polls."
+    "--interval",
+    default=2.0,
+    type=click.FloatRange(0.1, 3600),
+    help="Seconds before the next poll after a change; doubles while nothing changes (to 60).",
 )
 @guard("status", _FAILURES)
 def status(sweep_dir: str, as_json: bool, watch: bool, interval: float) -> None:
@@ -243,22 +246,19 @@ def status(sweep_dir: str, as_json: bool, watch: bool, interval: float) -> None:
     click.echo(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
 
 
-def _watch(sweep_dir: Path, interval_s: float) -> None:
-    """The progress line (on stderr) until no point is live on two polls in a row."""
-    from kfac_hpc.contracts.states import LIVE
-    from kfac_hpc.sweep.follow import status as sweep_status
+def _watch(sweep_dir: Path, first_s: float) -> None:
+    """The progress line (on stderr) until no point is live on two polls in a row (the one
+    wait loop, :func:`~kfac_hpc.sweep.waiting.wait_for_sweep`, from ``first_s``)."""
     from kfac_hpc.sweep.progress_line import ProgressLine, count_states
+    from kfac_hpc.sweep.waiting import wait_for_sweep
 
     line = ProgressLine(sys.stderr)
-    settled = 0
     try:
-        while settled < 2:
-            manifest, _ = sweep_status(sweep_dir)
-            line.update(count_states(p.state for p in manifest.points))
-            live = any(PointState(p.state) in LIVE for p in manifest.points)
-            settled = 0 if live else settled + 1
-            if settled < 2:
-                time.sleep(interval_s)
+        wait_for_sweep(
+            sweep_dir,
+            first_s=first_s,
+            on_poll=lambda manifest: line.update(count_states(p.state for p in manifest.points)),
+        )
     finally:
         line.close()
 

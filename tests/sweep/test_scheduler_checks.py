@@ -1,10 +1,11 @@
-"""Hostile input to `kfac-hpc sweep` that only its backends can judge (issue: pass-through
-train arguments, Slurm time limits, allocations Slurm can never grant, the parsl-slurm pilot,
-a Slurm that does not answer): one line naming the field, exit 2 (exit 1 when Slurm itself
-fails), and nothing written or submitted.
+"""What only the scheduler can judge, asked before anything is written (allocations Slurm
+can never grant, the parsl-slurm pilot, a Slurm that does not answer): one line naming the
+field, exit 2 (exit 1 when Slurm itself fails), and nothing written or submitted; a dry run
+without Slurm says it was not checked.
 
 The first tests run in this process against stand-in Slurm commands; those marked ``slurm``
-ask the real local cluster (slurm/cluster.sh: 16 nodes of 2 CPUs, no GPUs)."""
+ask the real local cluster (slurm/cluster.sh: 16 nodes of 2 CPUs, no GPUs). (Bad input the
+sweep judges alone: test_bad_input.py.)"""
 
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ import pytest
 from click.testing import CliRunner
 
 from kfac_hpc.cli import main
-from kfac_hpc.sweep.errors import SweepInputError
-from kfac_hpc.sweep.safety import slurm_time_seconds
 from kfac_hpc.sweep.spec import load_spec
 
 
@@ -37,53 +36,7 @@ def assert_refused(result, text: str, sweep_dir: Path, code: int = 2) -> str:
     return lines[0]
 
 
-# 1. --train-arg goes through `kfac-hpc train`'s own parser and validation.
-@pytest.mark.parametrize(
-    ("arg", "text"),
-    [
-        ("--damping=0", "error: damping: 0.0 must be a finite number > 0"),
-        ("--dampin=1", "error: extra_args: kfac-hpc train refuses"),
-        ("--steps=abc", "'abc' is not a valid integer"),
-        ("stray", "unexpected extra argument (stray)"),
-        ("--help", "No such option '--help'"),
-        ("--run-dir=elsewhere", "error: extra_args: --run-dir is the sweep's"),
-    ],
-)
-def test_train_args_are_checked_as_train_checks_them(tmp_path, arg, text):
-    result = sweep(
-        tmp_path, "--nodes", "1", f"--train-arg={arg}", "--backend", "local", "--dry-run"
-    )
-    assert_refused(result, text, tmp_path / "sw")
-
-
-def test_train_args_train_accepts_pass(tmp_path):
-    args = ["--nodes", "1", "--train-arg=--log-every=5", "--train-arg=--no-progress"]
-    result = sweep(tmp_path, *args, "--backend", "local", "--dry-run")
-    assert result.exit_code == 0, result.output
-    assert "--log-every=5" in (tmp_path / "sw" / "scripts" / "n1-0.sbatch").read_text()
-
-
-# 3. --time is one of Slurm's forms, above zero.
-@pytest.mark.parametrize(
-    "value", ["0", "00:00:00", "0-0", "99:99:99", "1:60", "1-02:60", "1:2:3:4"]
-)
-def test_a_time_limit_slurm_would_misread_is_refused(tmp_path, value):
-    result = sweep(tmp_path, "--nodes", "1", "--time", value, "--backend", "local", "--dry-run")
-    line = assert_refused(result, "error: time:", tmp_path / "sw")
-    assert "--time" in line and "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS" in line
-
-
-def test_slurm_time_forms_read_as_slurm_reads_them():
-    forms = {"90": 5400, "90:30": 5430, "1:00:00": 3600, "1-2": 93600, "1-2:30": 95400}
-    assert {t: slurm_time_seconds(t) for t in forms} == forms
-    assert load_spec(None, {"nodes": "1", "time": "2-00:00:30"}).time == "2-00:00:30"
-    with pytest.raises(SweepInputError, match=r"^profile\.time: '00:00' must be above 0"):
-        from kfac_hpc.sweep.profile import parse_profile
-
-        parse_profile("site", {"time": "00:00"})
-
-
-# 2/4. Slurm that does not answer, and the pilot's environment, with stand-in commands.
+# Slurm that does not answer, and the pilot's environment, with stand-in commands.
 def fake_slurm(tmp_path: Path, scontrol: str) -> dict[str, str | None]:
     """PATH with an ``sbatch`` that must not run and an ``scontrol`` running ``scontrol``."""
     bin_dir = tmp_path / "bin"
@@ -148,7 +101,7 @@ def test_a_pilot_address_that_is_no_ip_is_refused(tmp_path):
     )
 
 
-# 2/4/5. Allocations the real cluster can never grant: refused before anything is written.
+# Allocations the real cluster can never grant: refused before anything is written.
 def _squeue(env: dict[str, str]) -> set[str]:
     out = subprocess.run(
         ["squeue", "-h", "-o", "%i"],
@@ -202,14 +155,15 @@ def test_a_pilot_slurm_refuses_fails_at_once_and_its_points_show_failed(
 ):
     """A pilot Slurm refuses at submission (here: its profile's partition vanished after
     the sweep was checked) fails in seconds with sbatch's reason, and ``status`` shows it."""
+    from kfac_hpc.sweep.backends import backend_for
     from kfac_hpc.sweep.follow import status
-    from kfac_hpc.sweep.slurm import SlurmError
-    from kfac_hpc.sweep.submit import new_manifest, prepare_sweep, write_scripts
+    from kfac_hpc.sweep.prepare import new_manifest, prepare_sweep, write_scripts
+    from kfac_hpc.sweep.slurm_commands import SlurmError
     from kfac_hpc.workflows.pilot import run_pilot_points
 
     monkeypatch.setenv("SLURM_CONF", slurm_cluster["SLURM_CONF"])
     spec = load_spec(None, {"nodes": "1,2", "steps": "5", "scaling": "weak"})
-    prepared = prepare_sweep(spec, tmp_path / "sw", "parsl-slurm", load=False)
+    prepared = prepare_sweep(spec, tmp_path / "sw", backend_for("parsl-slurm"), load=False)
     manifest = new_manifest(prepared)
     manifest.profile["partition"] = "nosuch"
     write_scripts(prepared)
