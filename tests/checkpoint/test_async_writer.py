@@ -20,8 +20,8 @@ from kfac_hpc.checkpoint import (
 )
 from kfac_hpc.checkpoint.async_writer import ModifiedDuringWriteError
 from kfac_hpc.checkpoint.files import list_checkpoints, read_latest
-from tests.checkpoint.kill_moments import KillMoment, Progress, hold_inside_a_write, wait_for_moment
 from tests.checkpoint.test_crash_safety import TRIALS, _flat, _kill_and_check, _same, _state
+from tests.helpers.kill_moments import KillMoment, Progress, hold_inside_a_write, wait_for_moment
 
 
 def test_async_file_equals_the_synchronous_one_and_holds_the_snapshot(tmp_path: Path) -> None:

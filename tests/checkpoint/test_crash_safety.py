@@ -22,7 +22,7 @@ from kfac_hpc.checkpoint import (
 )
 from kfac_hpc.checkpoint.files import checkpoint_step, list_checkpoints, read_latest
 from kfac_hpc.checkpoint.hdf5_tree import walk_datasets
-from tests.checkpoint.kill_moments import KillMoment, Progress, hold_inside_a_write, wait_for_moment
+from tests.helpers.kill_moments import KillMoment, Progress, hold_inside_a_write, wait_for_moment
 
 TRIALS = 24
 

@@ -11,7 +11,7 @@ import pytest
 from kfac_hpc.checkpoint import load_checkpoint
 from kfac_hpc.checkpoint.files import read_latest
 from kfac_hpc.train.preemption import REQUEUE_EXIT_CODE, PreemptionHandler, parse_signal
-from tests.checkpoint.jobs import assert_bitwise, factors, final_state, run_tiny
+from tests.helpers.tiny_jobs import assert_bitwise, factors, final_state, run_tiny
 
 TOTAL, SIGNAL_AT = 9, 4
 COMMON = ["--steps", str(TOTAL), "--kfac", "--inv-every", "3"]

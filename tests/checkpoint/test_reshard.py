@@ -20,7 +20,7 @@ from kfac_hpc.checkpoint import (
 )
 from kfac_hpc.checkpoint.training_state import saved_method_state
 from kfac_hpc.optim.kfac_state import merged_state
-from tests.checkpoint.jobs import final_state, run_tiny
+from tests.helpers.tiny_jobs import final_state, run_tiny
 
 SAVE, TOTAL = 5, 6
 COMMON = ["--steps", str(TOTAL), "--kfac", "--inv-every", "3", "--deterministic-data", "--float64"]

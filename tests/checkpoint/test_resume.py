@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.checkpoint.jobs import assert_bitwise, factors, final_state, run_tiny
+from tests.helpers.tiny_jobs import assert_bitwise, factors, final_state, run_tiny
 
 N, TOTAL = 5, 8  # inverses every 3 steps: the checkpoint falls between two inverse updates
 

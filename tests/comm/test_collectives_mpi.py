@@ -1,22 +1,21 @@
 """Multi-rank checks of kfac_hpc.comm with real processes (mpiexec, gloo).
 
-One job per world size runs every check (tests/comm/dist_comm_checks.py); each test below
+One job per world size runs every check (tests/helpers/rank_scripts/comm_checks.py); each test below
 asserts that one check passed on every rank of a job of the expected world size.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
-from tests.helpers.launch import run_mpi
+from tests.helpers.launch import RANK_SCRIPTS, run_mpi
 from tests.helpers.rank_records import CheckReport
 
 pytestmark = pytest.mark.mpi
 
-SCRIPT = Path(__file__).with_name("dist_comm_checks.py")
+SCRIPT = RANK_SCRIPTS / "comm_checks.py"
 WORLD_SIZES = (2, 4)
 _reports: dict[int, CheckReport] = {}
 

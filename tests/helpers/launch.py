@@ -16,6 +16,7 @@ from tests.helpers.waiting import bound_s
 
 VENV_BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
+RANK_SCRIPTS = Path(__file__).resolve().parent / "rank_scripts"
 
 # Variables that tell a process how it was launched; a test that starts its own ranks must not
 # let the ones of the shell that runs pytest leak into them.

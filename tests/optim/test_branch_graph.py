@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from tests.conftest import REPO, run_mpi
+from tests.helpers.launch import RANK_SCRIPTS
 
 pytestmark = pytest.mark.mpi
 
-SCRIPT = Path(__file__).with_name("dist_branch.py")
+SCRIPT = RANK_SCRIPTS / "branch_graph.py"
 
 
 def test_branch_on_one_rank_keeps_buckets_aligned(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from torch import nn
 
 from kfac_hpc import KFACPreconditioner
 from tests.conftest import require_module
-from tests.optim.helpers import small_cnn
+from tests.helpers.models import small_cnn
 
 EPOCHS = 10
 TARGET = 0.97

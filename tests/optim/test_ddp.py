@@ -12,14 +12,15 @@ from torch import nn
 
 from kfac_hpc import KFACPreconditioner
 from tests.conftest import REPO, run_mpi
-from tests.optim.helpers import small_cnn
+from tests.helpers.launch import RANK_SCRIPTS
+from tests.helpers.models import small_cnn
 
 
 @pytest.mark.mpi
 def test_ddp_two_ranks_match_one_process(tmp_path: Path) -> None:
     out = str(tmp_path / "rank%d.pt")
     proc = run_mpi(
-        2, [sys.executable, str(Path(__file__).with_name("ddp_worker.py")), out],
+        2, [sys.executable, str(RANK_SCRIPTS / "ddp_worker.py"), out],
         env={"PYTHONPATH": str(REPO)}, timeout=240, cwd=REPO,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

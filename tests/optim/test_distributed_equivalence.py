@@ -1,6 +1,7 @@
 """Distributed K-FAC gives the same preconditioned gradients at world sizes 1, 2 and 4.
 
-Real processes (mpiexec, gloo) run tests/optim/dist_equivalence.py: the same float64 model and
+Real processes (mpiexec, gloo) run tests/helpers/rank_scripts/kfac_equivalence.py: the same
+float64 model and
 global batch of 16, split over the ranks, under COMM-OPT, MEM-OPT, HYBRID-OPT (and the float
 fraction 0.5), eigen and inverse methods, colocated and split factors, triangle packing, tiny
 buckets, factors outside hooks and stale second-order data. Three K-FAC + SGD steps each.
@@ -21,10 +22,11 @@ import pytest
 import torch
 
 from tests.conftest import run_mpi
+from tests.helpers.launch import RANK_SCRIPTS
 
 pytestmark = pytest.mark.mpi
 
-SCRIPT = Path(__file__).with_name("dist_equivalence.py")
+SCRIPT = RANK_SCRIPTS / "kfac_equivalence.py"
 RTOL = 1e-10
 _runs: dict[int, list[dict[str, Any]]] = {}
 

@@ -9,7 +9,7 @@ from torch import nn
 from kfac_hpc import KFACPreconditioner
 from kfac_hpc.optim.layers import KFACApprox, make_layer
 from tests.conftest import require_module
-from tests.optim.helpers import dense_factors, output_grad, profiled_gemm_flops
+from tests.helpers.models import dense_factors, output_grad, profiled_gemm_flops
 
 CONVS = {
     "plain": dict(in_channels=3, out_channels=4, kernel_size=3),

@@ -10,7 +10,7 @@ from torch import nn
 
 from kfac_hpc import KFACPreconditioner
 from kfac_hpc.optim.layers import KFACApprox, make_layer
-from tests.optim.helpers import dense_factors, dense_patches, output_grad
+from tests.helpers.models import dense_factors, dense_patches, output_grad
 
 REDUCE_CONVS = {
     "plain": dict(in_channels=3, out_channels=4, kernel_size=3),

@@ -16,7 +16,7 @@ from torch import nn
 from kfac_hpc import KFACPreconditioner
 from kfac_hpc.optim import decompose_and_broadcast
 from kfac_hpc.optim.host_threads import map_side_by_side
-from tests.optim.helpers import small_cnn
+from tests.helpers.models import small_cnn
 
 CPU = torch.device("cpu")
 

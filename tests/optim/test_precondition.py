@@ -11,7 +11,7 @@ from torch import nn
 from kfac_hpc import KFACPreconditioner
 from kfac_hpc.optim.decomposition_methods import make_method
 from kfac_hpc.optim.options import ComputeMethod
-from tests.optim.helpers import dense_eigen_step, dense_inverse_step
+from tests.helpers.models import dense_eigen_step, dense_inverse_step
 
 
 def _model() -> nn.Module:

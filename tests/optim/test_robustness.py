@@ -11,7 +11,7 @@ from torch import nn
 from kfac_hpc import KFACPreconditioner
 from kfac_hpc.optim.decompositions import decompose
 from kfac_hpc.optim.finite import all_finite
-from tests.optim.helpers import small_cnn
+from tests.helpers.models import small_cnn
 
 
 def _batch(seed: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from kfac_hpc import KFACPreconditioner
-from tests.optim.helpers import dense_eigen_step, dense_inverse_step, small_cnn
+from tests.helpers.models import dense_eigen_step, dense_inverse_step, small_cnn
 
 
 def _step(pre: KFACPreconditioner, model: nn.Module, seed: int) -> dict[str, torch.Tensor]:

@@ -15,7 +15,7 @@ from kfac_hpc.plan.layers import INPUTS, model_shape
 from kfac_hpc.plan.model import CostModel, PlanConfig
 from kfac_hpc.plan.profiles import MachineProfile, NetworkProfile
 from kfac_hpc.train.models import build_model
-from tests.optim.helpers import profiled_gemm_flops
+from tests.helpers.models import profiled_gemm_flops
 
 
 @pytest.mark.parametrize(

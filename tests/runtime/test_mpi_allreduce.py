@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import parse_rank_records, run_mpi
+from tests.helpers.launch import RANK_SCRIPTS
 
-PROBE = Path(__file__).with_name("allreduce_probe.py")
+PROBE = RANK_SCRIPTS / "allreduce_probe.py"
 
 
 def parse_ranks(stdout: str) -> list[dict[str, Any]]:

@@ -2,7 +2,8 @@
 the job does not allreduce the gradients: FOSI reduce-scatters them and all-gathers the
 parameters (ZeRO-1).
 
-tests/train/dist_fosi_job.py runs the job's own ``TrainStep`` with the registered ``fosi``
+tests/helpers/rank_scripts/fosi_job_step.py runs the job's own ``TrainStep`` with the
+registered ``fosi``
 method (``mpiexec``, gloo) on a float64 MLP of 53 parameters (divisible by neither 2 nor 3),
 seven steps with two ESEs, and, as the independent computation, ``kfac_hpc.FOSI`` in one
 process on the whole global batch of every step.
@@ -21,11 +22,11 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers.launch import run_bounded, run_mpi, script_env
+from tests.helpers.launch import RANK_SCRIPTS, run_bounded, run_mpi, script_env
 
 pytestmark = pytest.mark.mpi
 
-SCRIPT = Path(__file__).with_name("dist_fosi_job.py")
+SCRIPT = RANK_SCRIPTS / "fosi_job_step.py"
 N = 53  # parameters of the MLP
 RTOL = 1e-10
 

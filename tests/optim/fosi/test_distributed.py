@@ -1,6 +1,7 @@
 """DHO2: sharded FOSI equals single-process FOSI step by step; its state re-shards P -> P'.
 
-Real processes (mpiexec, gloo) run tests/optim/fosi/dist_fosi.py at P = 1, 2, 3, 4: a float64
+Real processes (mpiexec, gloo) run tests/helpers/rank_scripts/fosi_sharded.py at P = 1, 2, 3,
+4: a float64
 MLP of 53 parameters (divisible by none of 2, 3, 4), two ESEs in six steps, SGD (momentum,
 weight decay in one group) and Adam bases, and SGD with pipelined curvature ranks (staleness 0,
 and a bound of 2 steps; P = 2, 3, 4 give 1, 1, 2 of their ranks to ESE).
@@ -23,10 +24,11 @@ import torch
 
 from kfac_hpc.checkpoint.hdf5_tree import read_tree
 from tests.conftest import run_mpi
+from tests.helpers.launch import RANK_SCRIPTS
 
 pytestmark = pytest.mark.mpi
 
-SCRIPT = Path(__file__).with_name("dist_fosi.py")
+SCRIPT = RANK_SCRIPTS / "fosi_sharded.py"
 RTOL = 1e-10
 _runs: dict[str, list[dict[str, Any]]] = {}
 

@@ -9,9 +9,9 @@ import torch
 
 from kfac_hpc.checkpoint.files import open_h5
 from kfac_hpc.checkpoint.hdf5_tree import read_tree
-from tests.helpers.launch import parse_rank_records, run_bounded, run_mpi, script_env
+from tests.helpers.launch import RANK_SCRIPTS, parse_rank_records, run_bounded, run_mpi, script_env
 
-SCRIPT = Path(__file__).with_name("tiny_train.py")
+SCRIPT = RANK_SCRIPTS / "tiny_train.py"
 
 
 def run_tiny(world: int, run: Path, *args: str, expect_rc: int = 0) -> list[dict]:

@@ -13,8 +13,8 @@ from torch import nn
 
 from kfac_hpc.optim import KFACPreconditioner
 from kfac_hpc.runtime import init_distributed, shutdown
+from tests.helpers.models import dense_factors
 from tests.helpers.rank_checks import main_or_leave
-from tests.optim.helpers import dense_factors
 
 
 class BranchNet(nn.Module):

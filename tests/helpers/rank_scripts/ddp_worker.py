@@ -14,8 +14,8 @@ from torch import nn
 
 from kfac_hpc.optim import KFACPreconditioner
 from kfac_hpc.runtime import init_distributed, shutdown
+from tests.helpers.models import small_cnn
 from tests.helpers.rank_checks import main_or_leave
-from tests.optim.helpers import small_cnn
 
 
 def main(out_path: str) -> None:
