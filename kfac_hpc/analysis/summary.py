@@ -10,7 +10,6 @@ has one direction throughout: a method's time over its first-order configuration
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from kfac_hpc.analysis import schema
@@ -20,12 +19,6 @@ from kfac_hpc.analysis.labels import method_name, optimizer_name, people_labels
 Row = dict[str, Any]
 EFFICIENCY_FLOOR = 0.5  # below this, adding nodes costs more than half of their capacity
 STRAGGLER_SPREAD = 0.05  # ranks' mean step times further apart than this count as stragglers
-
-
-def short_labels(groups: Sequence[str]) -> dict[str, str]:
-    """Each group in words, without the words every group shares (``SGD`` vs ``SGD+K-FAC,
-    grad workers 1/1``): :func:`kfac_hpc.analysis.labels.people_labels`."""
-    return people_labels(groups)
 
 
 def _nodes(n: Any) -> str:
