@@ -36,9 +36,9 @@ import harness  # benchmarks/harness.py, beside this script
 from kfac_hpc.analysis.cache import CACHE_DIR
 from kfac_hpc.analysis.schema import PHASES
 
-# The synthetic run writer is a test fixture (tests/synthetic_runs.py): run from a checkout.
+# The synthetic run writer is a test fixture (tests/helpers/synthetic_runs.py): run from a checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.synthetic_runs import SyntheticRun, write_sweep
+from tests.helpers.synthetic_runs import SyntheticRun, write_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / ".work" / "bench-collect"

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from kfac_hpc.cli import main
-from tests.synthetic_runs import SyntheticRun, write_sweep
+from tests.helpers.synthetic_runs import SyntheticRun, write_sweep
 
 
 def _cases() -> list[tuple[list[str], str]]:

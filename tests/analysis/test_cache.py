@@ -10,7 +10,7 @@ from pathlib import Path
 from kfac_hpc.analysis.cache import CACHE_DIR, CACHE_FOLDER
 from kfac_hpc.analysis.collect import collect
 from kfac_hpc.analysis.output import build_tables
-from tests.synthetic_runs import SyntheticRun, write_sweep
+from tests.helpers.synthetic_runs import SyntheticRun, write_sweep
 
 collect_module = importlib.import_module("kfac_hpc.analysis.collect")
 PHASES = {"forward": 0.01, "backward": 0.02, "grad_allreduce": 0.005}

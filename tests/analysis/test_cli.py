@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from tests.analysis.checks import assert_plot, assert_report_complete, run_report
 from tests.conftest import require_module
-from tests.synthetic_runs import SyntheticRun, write_sweep
+from tests.helpers.report_checks import assert_plot, assert_report_complete, run_report
+from tests.helpers.synthetic_runs import SyntheticRun, write_sweep
 
 PHASES = {"forward": 0.01, "backward": 0.02, "grad_allreduce": 0.005, "factor_comm": 0.002}
 ACC = {10: 0.5, 20: 0.8, 30: 0.92, 40: 0.95}

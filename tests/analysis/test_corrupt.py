@@ -12,7 +12,7 @@ from kfac_hpc.analysis import schema
 from kfac_hpc.analysis.cli import report_command
 from kfac_hpc.analysis.collect import collect
 from kfac_hpc.analysis.output import build_tables
-from tests.synthetic_runs import SyntheticRun, write_sweep
+from tests.helpers.synthetic_runs import SyntheticRun, write_sweep
 
 PHASES = {"forward": 0.01, "backward": 0.02, "grad_allreduce": 0.01}
 FILES = ("config.json", "metrics.jsonl", "run.json", "done", "manifest-params")

@@ -20,7 +20,7 @@ from kfac_hpc.analysis.cli import collect_command, report_command
 from kfac_hpc.analysis.collect import collect
 from kfac_hpc.analysis.output import build_tables
 from kfac_hpc.contracts.records import EVAL_FIELDS, TRAIN_FIELDS
-from tests.synthetic_runs import SyntheticRun, write_run_dir, write_sweep
+from tests.helpers.synthetic_runs import SyntheticRun, write_run_dir, write_sweep
 
 PHASES = {"forward": 0.01, "backward": 0.02, "grad_allreduce": 0.01}
 Edit = Callable[[Path, dict[str, Any]], None]  # (run dir, its manifest point)

@@ -22,9 +22,9 @@ from kfac_hpc.analysis.labels import people_labels
 from kfac_hpc.analysis.output import build_tables
 from kfac_hpc.analysis.plots import plain_ticks
 from kfac_hpc.analysis.report import terminal_text
-from tests.analysis.checks import png_size, run_report
 from tests.conftest import REPO, clean_env
-from tests.synthetic_runs import SyntheticRun, write_sweep
+from tests.helpers.report_checks import png_size, run_report
+from tests.helpers.synthetic_runs import SyntheticRun, write_sweep
 
 WIDTH = 100
 PHASES = {"forward": 0.02, "backward": 0.04}

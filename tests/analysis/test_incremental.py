@@ -13,7 +13,7 @@ from kfac_hpc.analysis.collect import collect
 from kfac_hpc.analysis.incremental import collect_tables
 from kfac_hpc.analysis.output import build_tables, write_tables
 from kfac_hpc.analysis.parquet import ParquetWriter
-from tests.synthetic_runs import SyntheticRun, write_sweep
+from tests.helpers.synthetic_runs import SyntheticRun, write_sweep
 
 collect_module = importlib.import_module("kfac_hpc.analysis.collect")
 incremental = importlib.import_module("kfac_hpc.analysis.incremental")

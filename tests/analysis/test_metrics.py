@@ -13,7 +13,7 @@ import pytest
 from kfac_hpc.analysis import stats
 from kfac_hpc.analysis.collect import collect
 from kfac_hpc.analysis.output import build_tables
-from tests.synthetic_runs import SyntheticRun, write_sweep
+from tests.helpers.synthetic_runs import SyntheticRun, write_sweep
 
 EXACT = 1e-12
 PHASES = {"forward": 0.01, "backward": 0.02, "grad_allreduce": 0.006, "optimizer": 0.004}

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from kfac_hpc.analysis.cli import collect_command, report_command
-from tests.synthetic_runs import SyntheticRun, write_sweep
+from tests.helpers.synthetic_runs import SyntheticRun, write_sweep
 
 PHASES = {"forward": 0.01, "backward": 0.02, "grad_allreduce": 0.01}
 HUGE = 99999999999999999999999

@@ -14,9 +14,9 @@ import pytest
 
 from kfac_hpc.analysis.collect import collect
 from kfac_hpc.analysis.output import build_tables
-from tests.analysis.browser import assert_reads_well, measure
-from tests.analysis.checks import assert_plot, run_report
 from tests.conftest import clean_env
+from tests.helpers.browser import assert_reads_well, measure
+from tests.helpers.report_checks import assert_plot, run_report
 
 pytestmark = pytest.mark.slow
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 
 from kfac_hpc.analysis.schema import PHASES
-from tests.analysis.browser import assert_reads_well, measure, print_pdf, screenshot
-from tests.analysis.checks import run_report
-from tests.synthetic_runs import SyntheticRun, write_sweep
+from tests.helpers.browser import assert_reads_well, measure, print_pdf, screenshot
+from tests.helpers.report_checks import run_report
+from tests.helpers.synthetic_runs import SyntheticRun, write_sweep
 
 
 def _wide_sweep(root):

@@ -15,7 +15,7 @@ from kfac_hpc.analysis.collect import collect
 from kfac_hpc.analysis.predicted import load_predicted, predicted_rows
 from kfac_hpc.cli import main
 from kfac_hpc.contracts.rundir import PREDICTED
-from tests.synthetic_runs import SyntheticRun, write_sweep
+from tests.helpers.synthetic_runs import SyntheticRun, write_sweep
 
 MEASURED = {"forward": 0.020, "backward": 0.030, "grad_allreduce": 0.004}  # step 0.060 s
 PREDICTED_PHASES = {"forward": 0.018, "backward": 0.033, "grad_allreduce": 0.005}

@@ -7,7 +7,7 @@ from kfac_hpc.analysis.collect import collect
 from kfac_hpc.analysis.output import build_tables
 from kfac_hpc.analysis.report import build_blocks, to_markdown
 from kfac_hpc.analysis.schema import PHASES
-from tests.synthetic_runs import SyntheticRun, write_sweep
+from tests.helpers.synthetic_runs import SyntheticRun, write_sweep
 
 
 def _blocks(root, phases, nodes=(1, 2)):

@@ -12,7 +12,7 @@ from kfac_hpc.analysis import rundir, schema
 from kfac_hpc.analysis.collect import CollectError, Collection, collect, find_run_dirs
 from kfac_hpc.analysis.output import build_tables
 from kfac_hpc.analysis.rundir import _without_rank_arrays, read_run_dir
-from tests.synthetic_runs import SyntheticRun, write_run_dir, write_sweep
+from tests.helpers.synthetic_runs import SyntheticRun, write_run_dir, write_sweep
 
 PHASES = {"forward": 0.01, "backward": 0.02, "grad_allreduce": 0.01}
 

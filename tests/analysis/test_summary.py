@@ -6,7 +6,7 @@ from kfac_hpc.analysis.collect import collect
 from kfac_hpc.analysis.humanize import Column, render_columns, sig3
 from kfac_hpc.analysis.output import build_tables
 from kfac_hpc.analysis.summary import summary_sentences
-from tests.synthetic_runs import SyntheticRun, write_sweep
+from tests.helpers.synthetic_runs import SyntheticRun, write_sweep
 
 PHASES = {"forward": 0.02, "backward": 0.03}
 # Step seconds per node count: throughput = 64 / step_s samples/s (global batch 64).

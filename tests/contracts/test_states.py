@@ -101,7 +101,7 @@ def test_old_manifests_read_their_point_hash_as_group_hash():
 
 def test_the_preempted_exit_code_is_the_one_the_job_and_the_script_use():
     from kfac_hpc.train.preemption import REQUEUE_EXIT_CODE
-    from tests.sweep.helpers import GOLDEN
+    from tests.helpers.sweeps import GOLDEN
 
     assert REQUEUE_EXIT_CODE == ExitCode.PREEMPTED == 75
     for script in GOLDEN.glob("*.sbatch"):

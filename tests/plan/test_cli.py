@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kfac_hpc.sweep.spec import expand_points, load_spec
-from tests.sweep.helpers import cli
+from tests.helpers.sweeps import cli
 
 PROFILE = ["--profile", "a100-hdr200", "--model", "resnet20", "--dataset", "cifar10"]
 

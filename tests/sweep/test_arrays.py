@@ -8,7 +8,7 @@ import pytest
 from kfac_hpc.sweep.backends.slurm import array_spec
 from kfac_hpc.sweep.prepare import plan_arrays
 from kfac_hpc.sweep.spec import expand_points
-from tests.sweep.helpers import cli, spec
+from tests.helpers.sweeps import cli, spec
 
 
 def test_one_array_per_node_count_indexed_over_axes_and_repeats():

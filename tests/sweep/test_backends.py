@@ -15,7 +15,7 @@ from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.follow import cancel_sweep, resume_sweep, status
 from kfac_hpc.sweep.manifest import Manifest, PointRecord, read_manifest
 from kfac_hpc.sweep.prepare import PreparedSweep, new_manifest, prepare_sweep
-from tests.sweep.helpers import cli, spec
+from tests.helpers.sweeps import cli, spec
 
 CALLS: list[tuple[str, list[str]]] = []
 

@@ -21,7 +21,7 @@ from kfac_hpc.cli import main
 from kfac_hpc.contracts.options import ALIASES, Option
 from kfac_hpc.sweep.safety import TIME_FORMS
 from kfac_hpc.sweep.spec import AXES, TRAIN_SETTINGS
-from tests.sweep.helpers import cli
+from tests.helpers.sweeps import cli
 
 HUGE = "99999999999999999999"
 _COUNTS = {  # the sweep's own counts and their bad values (--time: test_a_time_limit_...)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from tests.sweep.helpers import cli
+from tests.helpers.sweeps import cli
 
 
 def test_fosi_axis_gives_one_point_per_method_in_a_dry_run(tmp_path):

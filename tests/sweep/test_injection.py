@@ -11,7 +11,7 @@ from kfac_hpc.sweep.prepare import plan_arrays
 from kfac_hpc.sweep.profile import load_profile
 from kfac_hpc.sweep.render import load_template, render_array
 from kfac_hpc.sweep.spec import expand_points
-from tests.sweep.helpers import cli, spec
+from tests.helpers.sweeps import cli, spec
 from tests.sweep.test_render import _stub_env
 
 PAYLOAD = "$(touch PWNED); `touch PWNED`; touch PWNED"

@@ -13,7 +13,7 @@ from kfac_hpc.analysis.collect import collect
 from kfac_hpc.analysis.output import build_tables
 from kfac_hpc.contracts.rundir import read_markers
 from kfac_hpc.sweep.manifest import read_manifest
-from tests.sweep.helpers import cli
+from tests.helpers.sweeps import cli
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 

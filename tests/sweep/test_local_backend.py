@@ -10,7 +10,7 @@ import pytest
 
 from kfac_hpc.sweep.manifest import read_manifest
 from kfac_hpc.sweep.spec import expand_points
-from tests.sweep.helpers import assert_scaling_report, cli, spec
+from tests.helpers.sweeps import assert_scaling_report, cli, spec
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 

@@ -15,10 +15,10 @@ import pytest
 from kfac_hpc.contracts.records import validate_run_dir
 from kfac_hpc.sweep.manifest import read_manifest
 from kfac_hpc.workflows.pilot import pilot_nodes, pilot_walltime_s, slurm_seconds
-from tests.analysis.checks import assert_report_complete, run_report
 from tests.conftest import clean_env
+from tests.helpers.report_checks import assert_report_complete, run_report
+from tests.helpers.sweeps import cli
 from tests.helpers.waiting import bound_s
-from tests.sweep.helpers import cli
 from tests.sweep.test_slurm_sweep import _train_step
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kfac_hpc.sweep.slurm_commands import requested_partition
-from tests.sweep.helpers import cli
+from tests.helpers.sweeps import cli
 
 
 def test_partition_argument_forms_are_recognised() -> None:

@@ -15,7 +15,7 @@ from kfac_hpc.sweep.backends import backend_for
 from kfac_hpc.sweep.prepare import new_manifest, prepare_sweep
 from kfac_hpc.sweep.progress_line import ProgressLine, count_states, progress_text
 from kfac_hpc.sweep.spec import load_spec
-from tests.sweep.helpers import cli
+from tests.helpers.sweeps import cli
 
 
 class Clock:

@@ -15,8 +15,8 @@ from kfac_hpc.sweep.prepare import plan_arrays
 from kfac_hpc.sweep.profile import load_profile
 from kfac_hpc.sweep.render import load_template, render_array
 from kfac_hpc.sweep.spec import expand_points
+from tests.helpers.sweeps import GOLDEN, spec
 from tests.helpers.waiting import wait_until
-from tests.sweep.helpers import GOLDEN, spec
 
 LAUNCHERS = ("srun", "mpiexec", "mpirun")
 

@@ -15,10 +15,10 @@ import pytest
 from kfac_hpc.sweep.manifest import read_manifest
 from kfac_hpc.sweep.slurm_commands import max_array_size
 from kfac_hpc.sweep.waiting import wait_for_sweep
-from tests.analysis.checks import assert_report_complete, run_report
 from tests.conftest import clean_env
+from tests.helpers.report_checks import assert_report_complete, run_report
+from tests.helpers.sweeps import cli
 from tests.helpers.waiting import wait_until
-from tests.sweep.helpers import cli
 from tests.sweep.test_slurm_sweep import _status_of, _train_step
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

@@ -18,9 +18,9 @@ import pytest
 from kfac_hpc.sweep.manifest import read_manifest
 from kfac_hpc.sweep.spec import expand_points, load_spec
 from kfac_hpc.sweep.waiting import wait_for_sweep
-from tests.analysis.checks import assert_report_complete, run_report
 from tests.conftest import clean_env
-from tests.sweep.helpers import assert_scaling_report, cli
+from tests.helpers.report_checks import assert_report_complete, run_report
+from tests.helpers.sweeps import assert_scaling_report, cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.profile import parse_profile
 from kfac_hpc.sweep.safety import slurm_time_seconds
 from kfac_hpc.sweep.spec import MAX_POINTS, expand_points, load_spec, point_id
-from tests.sweep.helpers import spec
+from tests.helpers.sweeps import spec
 
 
 def test_point_ids_are_stable_hashes_of_the_parameters():

@@ -15,7 +15,7 @@ from kfac_hpc.contracts.states import PointState
 from kfac_hpc.sweep.backends import backend_for
 from kfac_hpc.sweep.prepare import new_manifest, prepare_sweep
 from kfac_hpc.sweep.waiting import next_delay, poll_until_settled, wait_for_sweep
-from tests.sweep.helpers import spec
+from tests.helpers.sweeps import spec
 
 
 class FakeTime:

@@ -2,7 +2,7 @@
 
 Usage, after ``kfac-hpc report SWEEP_DIR`` (or :func:`run_report`)::
 
-    from tests.analysis.checks import assert_report_complete
+    from tests.helpers.report_checks import assert_report_complete
     assert_report_complete(sweep_dir)              # every point and plot present
     assert_report_complete(sweep_dir, requeued={"<point_id>"})  # and these have >= 2 segments
 """

@@ -11,8 +11,8 @@ from typing import Any
 from kfac_hpc.sweep.spec import SweepSpec, load_spec
 from tests.conftest import clean_env
 
-HERE = Path(__file__).resolve().parent
-GOLDEN = HERE / "golden"
+SWEEP_TESTS = Path(__file__).resolve().parents[1] / "sweep"
+GOLDEN = SWEEP_TESTS / "golden"
 
 
 def spec(**fields: Any) -> SweepSpec:
