@@ -135,6 +135,7 @@ def prepare_sweep(
     build its model. ``dry_run``: a scheduler that cannot be asked is noted in ``unchecked``
     instead."""
     profile = load_profile(spec.profile)
+    backend.check_profile(profile)
     _check_sbatch_args(spec, profile)
     _check_gpus(spec, profile)
     tmpl = load_template(template)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     from kfac_hpc.sweep.manifest import Manifest, PointRecord
     from kfac_hpc.sweep.prepare import PreparedSweep
+    from kfac_hpc.sweep.profile import SiteProfile
 
 __all__ = ["SweepBackend"]
 
@@ -26,6 +27,10 @@ class SweepBackend(ABC):
     name: ClassVar[str]
     # True: `kfac-hpc sweep` runs the points in this process and returns when they ended.
     runs_in_process: ClassVar[bool] = False
+
+    def check_profile(self, profile: SiteProfile) -> None:  # noqa: B027 (optional hook)
+        """InputError for a site profile this backend cannot launch with; asks no scheduler,
+        so it comes before any check that does."""
 
     def unchecked(self, *, dry_run: bool) -> str | None:
         """Why the sweep cannot be checked against the scheduler (a dry run goes on and says

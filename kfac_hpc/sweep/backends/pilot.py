@@ -21,20 +21,12 @@ from kfac_hpc.sweep.backends.slurm import check_arrays_accepted, slurm_unchecked
 from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.manifest import Manifest, PointRecord, read_manifest
 from kfac_hpc.sweep.prepare import PreparedSweep, new_manifest, write_scripts
+from kfac_hpc.sweep.profile import SiteProfile
 
 __all__ = ["ParslSlurmBackend"]
 
 # Slurm's states of a pilot job that still holds (or will hold) its points.
 _PILOT_LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED")
-
-
-def _check_launcher(launcher: str, profile: str) -> None:
-    if launcher not in ("srun", "mpiexec"):
-        raise SweepInputError(
-            "profile",
-            f"profile {profile} launches with {launcher}; the parsl-slurm backend launches "
-            "with srun or mpiexec (MPICH): choose such a profile or --backend slurm",
-        )
 
 
 class ParslSlurmBackend(SweepBackend):
@@ -44,6 +36,15 @@ class ParslSlurmBackend(SweepBackend):
 
     name = "parsl-slurm"
     runs_in_process = True
+
+    def check_profile(self, profile: SiteProfile) -> None:
+        if profile.launcher not in ("srun", "mpiexec"):
+            raise SweepInputError(
+                "profile",
+                f"profile {profile.name} launches with {profile.launcher}; the parsl-slurm "
+                "backend launches with srun or mpiexec (MPICH): choose such a profile or "
+                "--backend slurm",
+            )
 
     def unchecked(self, *, dry_run: bool) -> str | None:
         return slurm_unchecked(dry_run=dry_run)
@@ -59,7 +60,6 @@ class ParslSlurmBackend(SweepBackend):
         from kfac_hpc.workflows.configs import pilot_test_script
         from kfac_hpc.workflows.pilot import pilot_address, pilot_shape
 
-        _check_launcher(prepared.profile.launcher, prepared.profile.name)
         pilot_address()
         if prepared.unchecked:
             return
