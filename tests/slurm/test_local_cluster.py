@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import VENV_BIN, clean_env
+from tests.conftest import VENV_BIN
+from tests.helpers.launch import script_env
 from tests.runtime.test_mpi_allreduce import PROBE, parse_ranks
 
 pytestmark = pytest.mark.slurm
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.slurm
 def test_srun_four_nodes_pmi2_allreduce(slurm_cluster: dict[str, str]) -> None:
     result = subprocess.run(
         ["srun", "-N", "4", "-n", "4", "--mpi=pmi2", "-t", "2", sys.executable, str(PROBE)],
-        env=clean_env(),
+        env=script_env(),
         capture_output=True,
         text=True,
         timeout=180,
@@ -37,7 +38,7 @@ def test_sbatch_two_nodes_writes_its_output(slurm_cluster: dict[str, str], tmp_p
     out = tmp_path / "job-%j.out"
     result = subprocess.run(
         ["sbatch", "--wait", "-N", "2", "-n", "4", "-t", "2", "-o", str(out), str(script)],
-        env=clean_env(),
+        env=script_env(),
         capture_output=True,
         text=True,
         timeout=240,
@@ -55,7 +56,7 @@ def test_sbatch_two_nodes_writes_its_output(slurm_cluster: dict[str, str], tmp_p
 def test_doctor_passes_inside_a_job(slurm_cluster: dict[str, str]) -> None:
     result = subprocess.run(
         ["srun", "-N", "1", "-n", "1", "-t", "2", str(VENV_BIN / "kfac-hpc"), "doctor"],
-        env=clean_env(),
+        env=script_env(),
         capture_output=True,
         text=True,
         timeout=120,
@@ -75,7 +76,7 @@ def test_singleton_trap_refused_inside_batch_script(
     out = tmp_path / "trap.out"
     result = subprocess.run(
         ["sbatch", "--wait", "-N", "1", "-n", "2", "-t", "2", "-o", str(out), str(script)],
-        env=clean_env(),
+        env=script_env(),
         capture_output=True,
         text=True,
         timeout=240,
