@@ -7,7 +7,7 @@
 #   bash tools/stress-multirank.sh 20 tests/comm   # 20 rounds of the comm checks only
 #
 # One round of every file takes about 3-4 minutes on a loaded 2-core machine; CI runs 20 rounds
-# of the comm checks and 3 of everything (.ci/run).
+# of the comm checks and 2 of everything (.ci/run).
 # Stops at the first failing round and prints its output; exit status 0 only if every round
 # passed. Each test keeps its own time bound (pytest-timeout, run_mpi's bound), so a hang is a
 # failure here too, never a stuck CI run.
