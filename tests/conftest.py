@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +109,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 _status_before: set[str] | None = None
+
+_PREEMPTION_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def _signal_dispositions_restored() -> Iterator[None]:
+    """A `train` command run in this process (click's runner) ignores preemption signals once
+    its run has ended, as the real process does until it exits; no later test may inherit
+    that (a child shell started with USR2 ignored cannot trap it)."""
+    before = {sig: signal.getsignal(sig) for sig in _PREEMPTION_SIGNALS}
+    yield
+    for sig, handler in before.items():
+        if handler is not None:
+            signal.signal(sig, handler)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -122,7 +122,7 @@ def train(run_dir: str, config_file: str | None, **flags: Any) -> None:
     from kfac_hpc.train.run import run_training
 
     try:
-        code = run_training(config, run_dir)
+        code = run_training(config, run_dir, ignore_late_signals=True)
     except InputError as exc:
         _bad_input(exc)
     except LaunchError as exc:

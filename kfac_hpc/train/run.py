@@ -80,10 +80,15 @@ def _check_inputs(config: TrainConfig, ctx: DistributedContext) -> DataSource:
     return data
 
 
-def run_training(config: TrainConfig, root: str | Path) -> int:
+def run_training(
+    config: TrainConfig, root: str | Path, *, ignore_late_signals: bool = False
+) -> int:
     """Run (or resume) the training run in ``root`` on this rank; returns the exit code.
 
-    Raises ConfigError (before anything is written) for bad input.
+    Raises ConfigError (before anything is written) for bad input. ``ignore_late_signals``
+    (the train command, whose process exits next): once the run's end is on disk, preemption
+    signals are ignored until the process exits, so a late one cannot change the exit status;
+    without it (a caller that goes on) the signal handlers from before are put back.
     """
     host_memory = keep_freed_host_memory() if config.keep_freed_memory else HostMemory.DEFAULT
     backend = None if config.backend == "auto" else config.backend
@@ -102,7 +107,8 @@ def run_training(config: TrainConfig, root: str | Path) -> int:
         shutdown()
         raise
     if done:
-        ignore_signals()  # nothing to stop: a late signal must not turn exit 0 into a kill
+        if ignore_late_signals:
+            ignore_signals()  # nothing to stop: a late signal must not turn exit 0 into a kill
         if ctx.rank == 0:
             print(f"{run_dir.root}: already done", flush=True)
         shutdown()
@@ -116,7 +122,7 @@ def run_training(config: TrainConfig, root: str | Path) -> int:
             pos = job.resume()  # a user's checkpoint that cannot be used: ConfigError
             _prepare_run_dir(config, run_dir, ctx)
             written = True
-            code = _attempt(job, pos, preemption)
+            code = _attempt(job, pos, preemption, ignore_late_signals)
     except ConfigError as exc:
         if written:
             return _fail(run_dir, ctx, job, exc)
@@ -128,7 +134,9 @@ def run_training(config: TrainConfig, root: str | Path) -> int:
     return code
 
 
-def _attempt(job: Job, pos: Position, preemption: PreemptionHandler) -> int:
+def _attempt(
+    job: Job, pos: Position, preemption: PreemptionHandler, ignore_late_signals: bool
+) -> int:
     run_dir, attempts = job.run_dir, job.attempts
     if job.rank == 0:
         job.attempt = attempts.next_attempt()
@@ -161,7 +169,8 @@ def _attempt(job: Job, pos: Position, preemption: PreemptionHandler) -> int:
         run_dir.write_marker(state)
     if job.world_size > 1:
         dist.barrier()
-    preemption.settle()  # the end is on disk: a late signal must not change the exit status
+    if ignore_late_signals:
+        preemption.settle()  # the end is on disk: a late signal must not change the exit status
     return REQUEUE_EXIT_CODE if end == "preempted" else EXIT_DONE
 
 
