@@ -110,19 +110,25 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 _status_before: set[str] | None = None
 
-_PREEMPTION_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+# How this process handles preemption signals when the session starts.
+_SIGNALS_AT_START = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR2, signal.SIGTERM)}
+
+
+def _restore_signal_handlers() -> None:
+    for sig, handler in _SIGNALS_AT_START.items():
+        if handler is not None:
+            signal.signal(sig, handler)
 
 
 @pytest.fixture(autouse=True)
-def _signal_dispositions_restored() -> Iterator[None]:
-    """A `train` command run in this process (click's runner) ignores preemption signals once
-    its run has ended, as the real process does until it exits; no later test may inherit
-    that (a child shell started with USR2 ignored cannot trap it)."""
-    before = {sig: signal.getsignal(sig) for sig in _PREEMPTION_SIGNALS}
+def _signal_handlers_as_at_start() -> Iterator[None]:
+    """A `train` command run in this process (click's runner, in a test or a module fixture)
+    ignores preemption signals once its run has ended, as the real process does until it
+    exits; every test starts and ends with the handlers of the session's start (a child shell
+    started with USR2 ignored cannot trap it)."""
+    _restore_signal_handlers()
     yield
-    for sig, handler in before.items():
-        if handler is not None:
-            signal.signal(sig, handler)
+    _restore_signal_handlers()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
