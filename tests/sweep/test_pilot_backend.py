@@ -14,6 +14,7 @@ import pytest
 
 from kfac_hpc.contracts.records import validate_run_dir
 from kfac_hpc.sweep.manifest import read_manifest
+from kfac_hpc.train.faults import ENV as FAULT_ENV
 from kfac_hpc.workflows.pilot import pilot_nodes, pilot_walltime_s, slurm_seconds
 from tests.conftest import clean_env
 from tests.helpers.report_checks import assert_report_complete, run_report
@@ -53,7 +54,7 @@ def _squeue_ids(env: dict[str, str]) -> set[str]:
 def test_pilot_sweep_one_allocation_preempt_resume_status_report(slurm_cluster, tmp_path):
     # The 2-node point's rank 0 holds before step 12 until the USR2 below reaches it: it is
     # certainly still training when preempted, however fast or slow the machine is.
-    hold = {"KFAC_HPC_FAULT_INJECT": "rank=0,step=12,hold=preempt,world=2"}
+    hold = {FAULT_ENV: "rank=0,step=12,hold=preempt,world=2"}
     env = clean_env({**slurm_cluster, "KFAC_HPC_PILOT_ADDRESS": "127.0.0.1", **hold})
     before = _squeue_ids(env)
     sweep_dir = tmp_path / "pilot"

@@ -15,6 +15,7 @@ import pytest
 from kfac_hpc.sweep.manifest import read_manifest
 from kfac_hpc.sweep.slurm_commands import max_array_size
 from kfac_hpc.sweep.waiting import wait_for_sweep
+from kfac_hpc.train.faults import ENV as FAULT_ENV
 from tests.conftest import clean_env
 from tests.helpers.report_checks import assert_report_complete, run_report
 from tests.helpers.sweeps import cli
@@ -59,7 +60,7 @@ def test_sweep_1_2_4_16_runs_through_preemption_status_and_report(slurm_cluster,
     sweep_dir = tmp_path / "s16"
     # Rank 0 of the 16-node point holds before step 12 until the USR2 below reaches it: it is
     # certainly still training when preempted, however fast or slow the machine is.
-    hold = {"KFAC_HPC_FAULT_INJECT": "rank=0,step=12,hold=preempt,world=16"}
+    hold = {FAULT_ENV: "rank=0,step=12,hold=preempt,world=16"}
     out = cli(
         "sweep",
         "--nodes",
