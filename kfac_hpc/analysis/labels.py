@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fractions import Fraction
 
+from kfac_hpc.contracts.options import SCALINGS
+
 OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
 METHODS = {"kfac": "K-FAC", "fosi": "FOSI"}
 # group-label keys (tables.group_label) -> words
@@ -46,7 +48,7 @@ def _fraction(value: str) -> str:
 def _phrase(word: str, base: str | None = None) -> str:
     key, sep, value = word.partition("=")
     if not sep:
-        if word in ("strong", "weak"):
+        if word in SCALINGS:
             return f"{word} scaling"
         if not _is_optimizer(word):
             return word
