@@ -47,7 +47,11 @@ INVALID = [
 ]
 
 
-@pytest.mark.parametrize(("name", "value"), INVALID, ids=[f"{n}={v!r}" for n, v in INVALID])
+@pytest.mark.parametrize(
+    ("name", "value"),
+    INVALID,
+    ids=[f"{n}={type(v).__name__ if type(v) is object else repr(v)}" for n, v in INVALID],
+)
 def test_invalid_option_names_itself(name: str, value: object) -> None:
     with pytest.raises(ValueError, match=name):
         KFACPreconditioner(nn.Linear(2, 2), **{name: value})
