@@ -21,7 +21,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 import kfac_hpc
 
-WORDS = "the a one two red blue cat dog sees finds small big and runs sleeps".split()
+WORDS = ("the", "a", "one", "two", "red", "blue", "cat", "dog", "sees", "finds", "small", "big")
 
 
 def corpus(n_bytes: int, seed: int) -> bytes:
@@ -143,7 +143,9 @@ def main() -> None:
 
 def evaluate(model: nn.Module, valid: Windows, run: kfac_hpc.Run) -> dict[str, float]:
     """Validation loss (nats per byte) and next-byte accuracy over the whole validation set."""
-    x, y = (torch.stack(t).to(run.device) for t in zip(*(valid[i] for i in range(len(valid)))))
+    pairs = [valid[i] for i in range(len(valid))]
+    x = torch.stack([p[0] for p in pairs]).to(run.device)
+    y = torch.stack([p[1] for p in pairs]).to(run.device)
     model.eval()
     with torch.no_grad():
         logits = model(x).flatten(0, 1)
