@@ -27,7 +27,6 @@ import hashlib
 import itertools
 import json
 import os
-import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -48,6 +47,7 @@ from kfac_hpc.checkpoint import (
     check_restorable,
     restore_training_state,
 )
+from kfac_hpc.cli_errors import bad_input
 from kfac_hpc.contracts import PHASES, SCHEMA_VERSION, HostMemory, RunDir, write_json_atomic
 from kfac_hpc.contracts.environment import RUN_DIR_ENV
 from kfac_hpc.contracts.errors import InputError
@@ -78,13 +78,7 @@ from kfac_hpc.train.timing import PhaseTimer, phase_timer
 
 __all__ = ["Run"]
 
-_WHO = "kfac_hpc.Run"
-
-
-def _bad_input(field: str, reason: str) -> SystemExit:
-    """One line naming the argument, exit 2 (nothing written)."""
-    print(f"{_WHO}: {field}: {reason}", file=sys.stderr, flush=True)
-    return SystemExit(int(ExitCode.BAD_INPUT))
+_WHO = "Run"  # bad input: "kfac-hpc Run: error: FIELD: reason", exit 2
 
 
 class _Tracked:
@@ -145,22 +139,22 @@ class Run:
     ) -> None:
         chosen = os.environ.get(RUN_DIR_ENV) or run_dir
         if not chosen:
-            raise _bad_input("run_dir", f"give Run(run_dir) or set {RUN_DIR_ENV}")
+            bad_input(_WHO, "run_dir", f"give Run(run_dir) or set {RUN_DIR_ENV}")
         if scaling not in SCALINGS:
-            raise _bad_input("scaling", f"{scaling!r} is not one of {', '.join(SCALINGS)}")
+            bad_input(_WHO, "scaling", f"{scaling!r} is not one of {', '.join(SCALINGS)}")
         for name, value in (("log_every", log_every), ("keep_checkpoints", keep_checkpoints)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise _bad_input(name, f"{value!r} must be an integer >= 1")
+                bad_input(_WHO, name, f"{value!r} must be an integer >= 1")
         if checkpoint_every is not None and (
             isinstance(checkpoint_every, bool)
             or not isinstance(checkpoint_every, int)
             or checkpoint_every < 1
         ):
-            raise _bad_input("checkpoint_every", f"{checkpoint_every!r} must be None or >= 1")
+            bad_input(_WHO, "checkpoint_every", f"{checkpoint_every!r} must be None or >= 1")
         try:
             user_config = json.loads(json.dumps(dict(config or {})))
         except (TypeError, ValueError) as exc:
-            raise _bad_input("config", f"must hold JSON values only ({exc})") from None
+            bad_input(_WHO, "config", f"must hold JSON values only ({exc})")
         self.run_dir = RunDir(chosen)
         self.labels = {"model": str(model), "dataset": str(dataset), "scaling": scaling}
         self.user_config = user_config
@@ -188,7 +182,7 @@ class Run:
         try:
             self.run_dir.check_usable()
         except InputError as exc:
-            raise _bad_input(exc.field, exc.reason) from None
+            bad_input(_WHO, exc.field, exc.reason)
         self.ctx: DistributedContext = init_distributed(self._backend)
         self.rank, self.world_size = self.ctx.rank, self.ctx.world_size
         self.device = self.ctx.device
@@ -366,18 +360,18 @@ class Run:
 
     def _total_steps(self, loader: Iterable[Any], epochs: int | None, steps: int | None) -> int:
         if (epochs is None) == (steps is None):
-            raise _bad_input("steps", "give Run.steps() either epochs or steps")
+            bad_input(_WHO, "steps", "give Run.steps() either epochs or steps")
         try:
             self.steps_per_epoch = len(loader)  # type: ignore[arg-type]
         except TypeError:
             if epochs is not None:
-                raise _bad_input("epochs", "the loader has no length; give steps") from None
+                bad_input(_WHO, "epochs", "the loader has no length; give steps")
             self.steps_per_epoch = steps or 1
         if self.steps_per_epoch < 1:
-            raise _bad_input("loader", "yields no batch; give it at least one")
+            bad_input(_WHO, "loader", "yields no batch; give it at least one")
         total = steps if steps is not None else (epochs or 0) * self.steps_per_epoch
         if total < 1:
-            raise _bad_input("steps", f"{total} steps: give at least one")
+            bad_input(_WHO, "steps", f"{total} steps: give at least one")
         per_rank = getattr(loader, "batch_size", None)
         self.global_batch_size = per_rank * self.world_size if isinstance(per_rank, int) else None
         return total
@@ -404,9 +398,10 @@ class Run:
         try:
             saved = self.run_dir.saved_config_hash()
         except InputError as exc:
-            raise _bad_input(exc.field, exc.reason) from None
+            bad_input(_WHO, exc.field, exc.reason)
         if saved is not None and saved != self.config_hash:
-            raise _bad_input(
+            bad_input(
+                _WHO,
                 "run_dir",
                 f"{str(self.run_dir.root)!r} holds another experiment (config hash {saved}, "
                 f"this one {self.config_hash}); use a new run directory",
