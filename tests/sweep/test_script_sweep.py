@@ -91,7 +91,7 @@ def test_an_example_sweeps_on_the_local_backend_to_a_report_with_its_labels(
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert_scaling_report(out, sweep_dir, {1, 2})
+    assert_scaling_report(out, sweep_dir, {1, 2}, points=2)
     manifest = read_manifest(sweep_dir)
     assert {p.state for p in manifest.points} == {"done"} and len(manifest.points) == 2
     for point in manifest.points:
