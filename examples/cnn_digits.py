@@ -80,10 +80,10 @@ def main() -> None:
 
         for step, (x, y) in run.steps(loader, **length):
             x, y = x.to(run.device), y.to(run.device)
+            optimizer.zero_grad()
             with run.phase("forward"):
                 loss = loss_fn(model(x), y)
             with run.phase("backward"):
-                optimizer.zero_grad()
                 loss.backward()
             run.average_gradients()
             if pre is not None:

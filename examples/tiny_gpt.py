@@ -86,13 +86,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", default="runs/tiny_gpt")
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--batch-size", type=int, default=16, help="global batch")
+    parser.add_argument("--batch-size", type=int, default=16, help="sequences per rank")
     parser.add_argument("--context", type=int, default=32)
     parser.add_argument("--width", type=int, default=32)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     parser.add_argument("--lr", type=float, default=None, help="[sgd 0.3, adam 3e-3]")
     parser.add_argument("--no-kfac", action="store_true")
+    parser.add_argument("--warmup", type=int, default=10, help="steps of linear lr warm-up")
     parser.add_argument("--eval-every", type=int, default=20)
     parser.add_argument("--checkpoint-every", type=int, default=None)
     args = parser.parse_args()
@@ -100,41 +101,48 @@ def main() -> None:
     settings = {**vars(args), "lr": lr}
     del settings["run_dir"]
 
-    with kfac_hpc.Run(
-        args.run_dir,
-        model=f"tiny_gpt_{args.layers}x{args.width}",
-        dataset="generated_bytes",
-        config=settings,
-        checkpoint_every=args.checkpoint_every,
-        log_every=5,
-    ) as run:
+    labels = {"model": f"tiny_gpt_{args.layers}x{args.width}", "dataset": "generated_bytes"}
+    # weak scaling: every rank takes --batch-size sequences, the global batch grows with ranks
+    every = {"log_every": 5, "checkpoint_every": args.checkpoint_every}
+    with kfac_hpc.Run(args.run_dir, scaling="weak", config=settings, **labels, **every) as run:
         torch.manual_seed(0)
         train, valid = (
             Windows(corpus(60_000, 1), args.context),
             Windows(corpus(4_000, 2), args.context),
         )
         sampler = DistributedSampler(train, run.world_size, run.rank, shuffle=True, seed=0)
-        loader = DataLoader(train, batch_size=args.batch_size // run.world_size, sampler=sampler)
+        loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
         model = TinyGPT(args.context, args.width, heads=4, layers=args.layers).to(run.device)
         if args.optimizer == "sgd":
             optimizer: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr, momentum=0.9)
         else:
             optimizer = torch.optim.Adam(model.parameters(), lr)
-        pre = None if args.no_kfac else kfac_hpc.KFACPreconditioner(model, lr=lr, damping=0.01)
+        # K-FAC's KL clip reads the learning rate of the step (the warm-up below sets it)
+        pre = (
+            None
+            if args.no_kfac
+            else kfac_hpc.KFACPreconditioner(
+                model, lr=lambda _: optimizer.param_groups[0]["lr"], damping=0.01
+            )
+        )
         run.track(model=model, optimizer=optimizer, preconditioner=pre, sampler=sampler)
 
         for step, (x, y) in run.steps(loader, steps=args.steps):
-            x, y = x.to(run.device), y.to(run.device)
+            for group in optimizer.param_groups:  # a function of the step: resumes exactly
+                group["lr"] = lr * min(1.0, (step + 1) / args.warmup)
             with run.phase("forward"):
-                loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+                logits = model(x.to(run.device))
+                loss = nn.functional.cross_entropy(logits.flatten(0, 1), y.to(run.device).flatten())
             with run.phase("backward"):
-                optimizer.zero_grad()
+                optimizer.zero_grad(set_to_none=True)
                 loss.backward()
             run.average_gradients()
             if pre is not None:
                 with run.phase("precondition"):
                     pre.step()
             with run.phase("optimizer"):
+                if pre is None:  # K-FAC bounds its update by the KL clip instead
+                    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
             run.log(loss=loss)
             if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:

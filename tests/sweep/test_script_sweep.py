@@ -69,19 +69,24 @@ def test_the_script_and_its_arguments_are_each_points_command(tmp_path):
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("example", "script_args", "labels", "batch"),
+    ("example", "script_args", "labels", "scaling"),
     [
-        ("cnn_digits.py", ["--steps", "10"], ("digits_cnn", "digits", "sgd", "kfac"), 64),
+        (
+            "cnn_digits.py",
+            ["--steps", "10"],
+            ("digits_cnn", "digits", "sgd", "kfac"),
+            "strong bs=64",
+        ),
         (
             "tiny_gpt.py",
             ["--steps", "10", "--eval-every", "5", "--optimizer", "adam"],
             ("tiny_gpt_2x32", "generated_bytes", "adam", "kfac"),
-            16,
+            "weak bs=16",
         ),
     ],
 )
 def test_an_example_sweeps_on_the_local_backend_to_a_report_with_its_labels(
-    tmp_path, example, script_args, labels, batch
+    tmp_path, example, script_args, labels, scaling
 ):
     sweep_dir = tmp_path / "sweep"
     out = cli(
@@ -107,4 +112,4 @@ def test_an_example_sweeps_on_the_local_backend_to_a_report_with_its_labels(
         groups = {row["group"] for row in csv.DictReader(fh)}
     model, dataset, optimizer, method = labels
     assert len(groups) == 1
-    assert groups.pop().startswith(f"{model} {dataset} {optimizer}+{method} strong bs={batch}")
+    assert groups.pop().startswith(f"{model} {dataset} {optimizer}+{method} {scaling}")
