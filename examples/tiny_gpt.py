@@ -140,9 +140,9 @@ def main() -> None:
             if pre is not None:
                 with run.phase("precondition"):
                     pre.step()
+            else:  # K-FAC bounds its update by the KL clip instead
+                nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             with run.phase("optimizer"):
-                if pre is None:  # K-FAC bounds its update by the KL clip instead
-                    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 optimizer.step()
             run.log(loss=loss)
             if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
