@@ -113,3 +113,30 @@ def test_an_example_sweeps_on_the_local_backend_to_a_report_with_its_labels(
     model, dataset, optimizer, method = labels
     assert len(groups) == 1
     assert groups.pop().startswith(f"{model} {dataset} {optimizer}+{method} {scaling}")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_the_cnn_example_sweeps_on_the_slurm_cluster_to_a_labelled_report(slurm_cluster, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    out = cli(
+        *("sweep", "--nodes", "1,2", "--name", "t-script", "--time", "00:05:00", "--wait"),
+        *("--script", str(EXAMPLES / "cnn_digits.py"), "--sweep-dir", str(sweep_dir)),
+        *("--", "--steps", "10", "--checkpoint-every", "5"),
+        env=slurm_cluster,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert_scaling_report(out, sweep_dir, {1, 2}, points=2)
+    manifest = read_manifest(sweep_dir)
+    assert manifest.backend == "slurm" and {p.state for p in manifest.points} == {"done"}
+    for point in manifest.points:
+        run_dir = sweep_dir / point.run_dir
+        assert validate_run_dir(run_dir) == []
+        summary = json.loads((run_dir / "run.json").read_text())
+        assert summary["launcher"] == "slurm" and summary["nodes"] == point.params["nodes"]
+        assert (summary["model"], summary["dataset"], summary["method"]) == (
+            "digits_cnn",
+            "digits",
+            "kfac",
+        )
