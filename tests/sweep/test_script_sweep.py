@@ -66,6 +66,26 @@ def test_the_script_and_its_arguments_are_each_points_command(tmp_path):
     assert f"-m kfac_hpc script {script} --lr 0.1 --run-dir " in text, text
 
 
+def test_kfac_hpc_script_runs_the_script_as_main_with_its_arguments_and_run_dir(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "if __name__ == '__main__':\n"
+        "    print(json.dumps([sys.argv[1:], os.environ['KFAC_HPC_RUN_DIR']]))\n"
+    )
+    out = cli(
+        "script", str(script), "--lr", "0.1", "--run-dir", "--run-dir", "runs/p", cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [["--lr", "0.1", "--run-dir"], str(tmp_path / "runs" / "p")]
+    bad = CliRunner().invoke(main, ["script", str(tmp_path / "nope.txt")])
+    assert bad.exit_code == 2
+    nope = tmp_path / "nope.txt"
+    assert bad.output.strip() == (
+        f"kfac-hpc script: error: SCRIPT: {nope} is not a Python file; give a script named *.py"
+    )
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.parametrize(
