@@ -7,7 +7,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["FOSI", "KFACPreconditioner", "__version__"]
+__all__ = ["FOSI", "KFACPreconditioner", "Run", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,4 +20,8 @@ def __getattr__(name: str) -> Any:
         from kfac_hpc.optim import FOSI
 
         return FOSI
+    if name == "Run":
+        from kfac_hpc.train.script_run import Run
+
+        return Run
     raise AttributeError(f"module 'kfac_hpc' has no attribute {name!r}")

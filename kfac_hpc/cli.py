@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "resume": "kfac_hpc.sweep.cli:resume",
     "cancel": "kfac_hpc.sweep.cli:cancel",
     "train": "kfac_hpc.train.cli:train",
+    "script": "kfac_hpc.train.script_cli:script",
     "collect": "kfac_hpc.analysis.cli:collect_command",
     "report": "kfac_hpc.analysis.cli:report_command",
     "plan": "kfac_hpc.plan.cli:plan",

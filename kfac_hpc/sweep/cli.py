@@ -115,6 +115,12 @@ _SWEEP_OPTIONS = [
         default=None,
         help="Own Jinja2 sbatch template.",
     ),
+    click.option(
+        "--script",
+        default=None,
+        help="Your own training script (PATH.py using kfac_hpc.Run) instead of kfac-hpc train; "
+        "its arguments follow -- (docs/sweep.md).",
+    ),
     click.option("--backend", type=click.Choice(BACKEND_NAMES), default="slurm", show_default=True),
     click.option(
         "--dry-run",
@@ -127,21 +133,41 @@ _SWEEP_OPTIONS = [
 ]
 
 
-@click.group("sweep", invoke_without_command=True)
+class _SweepGroup(click.Group):
+    """The sweep group: everything after ``--`` is the ``--script``'s own arguments (kept in
+    ``ctx.meta``, verbatim), never a subcommand or a sweep flag."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta[_SCRIPT_ARGS] = tuple(args[cut + 1 :])
+            args = args[:cut]
+        return super().parse_args(ctx, args)
+
+
+_SCRIPT_ARGS = "kfac_hpc.sweep.script_args"
+
+
+def _script_args() -> tuple[str, ...]:
+    return tuple(click.get_current_context().meta.get(_SCRIPT_ARGS, ()))
+
+
+@click.group("sweep", cls=_SweepGroup, invoke_without_command=True)
 @_run_options
 @click.pass_context
 def sweep(ctx: click.Context, **options: Any) -> None:
     """Expand a scaling sweep into Slurm job arrays (one per node count) and submit them,
-    or run it locally with MPI ranks (--backend local). Without a subcommand: `sweep run`."""
+    or run it locally with MPI ranks (--backend local); with --script PATH.py, every point
+    runs your own training script (its arguments after --). Without a subcommand: `sweep run`."""
     if ctx.invoked_subcommand is None:
-        _sweep(**options)
+        _sweep(**options, script_args=_script_args())
 
 
 @sweep.command("run")
 @_run_options
 def run(**options: Any) -> None:
     """Expand a scaling sweep and submit it (the same as `kfac-hpc sweep [OPTIONS]`)."""
-    _sweep(**options)
+    _sweep(**options, script_args=_script_args())
 
 
 @guard("sweep", _FAILURES)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.job_checks import check_loadable, check_train_values
 from kfac_hpc.sweep.manifest import MANIFEST, ArrayRecord, Manifest, PointRecord, now
-from kfac_hpc.sweep.profile import SiteProfile, load_profile, train_command
+from kfac_hpc.sweep.profile import SiteProfile, job_command, load_profile
 from kfac_hpc.sweep.render import ArrayScript, load_template, render_array
 from kfac_hpc.sweep.slurm_commands import DEFAULT_MAX_ARRAY_SIZE
 from kfac_hpc.sweep.spec import Point, SweepSpec, expand_points
@@ -140,7 +140,8 @@ def prepare_sweep(
     _check_gpus(spec, profile)
     tmpl = load_template(template)
     points = expand_points(spec)
-    check_train_values(points)
+    if spec.script is None:  # a script's points are judged by the script itself
+        check_train_values(points)
     unchecked = backend.unchecked(dry_run=dry_run)
     max_size = DEFAULT_MAX_ARRAY_SIZE if unchecked else backend.max_array_size()
     scripts = tuple(
@@ -151,7 +152,7 @@ def prepare_sweep(
         sweep_dir.resolve(), spec, profile, backend.name, scripts, unchecked=unchecked
     )
     backend.preflight(prepared)
-    if load:
+    if load and spec.script is None:
         check_loadable(points)
     _check_sweep_dir(sweep_dir)
     return prepared
@@ -177,7 +178,9 @@ def new_manifest(prepared: PreparedSweep) -> Manifest:
         for i, p in enumerate(s.points)
     ]
     profile = prepared.profile.to_dict()
-    profile["train_command"] = list(train_command(prepared.profile))  # resolved, as rendered
+    spec = prepared.spec
+    # resolved, as rendered: the train command, or the script's
+    profile["train_command"] = list(job_command(prepared.profile, spec.script, spec.script_args))
     return Manifest(
         prepared.spec.name,
         prepared.backend,

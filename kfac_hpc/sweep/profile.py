@@ -9,6 +9,7 @@ loads a user's file. Unknown keys are errors, so a typo never silently drops a s
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -23,7 +24,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["LAUNCHERS", "SiteProfile", "builtin_profiles", "load_profile", "train_command"]
+__all__ = [
+    "LAUNCHERS",
+    "SiteProfile",
+    "builtin_profiles",
+    "job_command",
+    "load_profile",
+    "train_command",
+]
 
 LAUNCHERS = ("srun", "mpiexec", "mpirun")
 _SHIPPED = "kfac_hpc.site_profiles"
@@ -138,6 +146,23 @@ def parse_profile(name: str, data: dict[str, Any]) -> SiteProfile:
 def train_command(profile: SiteProfile) -> tuple[str, ...]:
     """The job's argv prefix: the profile's, or this Python's ``-m kfac_hpc train``."""
     return profile.train_command or (sys.executable, "-u", "-m", "kfac_hpc", "train")
+
+
+def job_command(
+    profile: SiteProfile, script: str | None, script_args: Sequence[str]
+) -> tuple[str, ...]:
+    """The argv prefix of every point (``--run-dir DIR`` and its flags follow): the train
+    command, or with a ``script`` this Python's ``-m kfac_hpc script SCRIPT ARGS...``.
+    SweepInputError when the profile's own ``train_command`` would be bypassed."""
+    if script is None:
+        return train_command(profile)
+    if profile.train_command:
+        raise SweepInputError(
+            "--script",
+            f"profile {profile.name} sets train_command, which --script would bypass; use a "
+            "profile without it (the script runs under the Python of kfac-hpc sweep)",
+        )
+    return (sys.executable, "-u", "-m", "kfac_hpc", "script", script, *script_args)
 
 
 def _int(fld: str, value: Any, minimum: int) -> int:

@@ -19,7 +19,7 @@ from kfac_hpc.contracts.exit_codes import ExitCode
 from kfac_hpc.contracts.rundir import Marker
 from kfac_hpc.contracts.textfile import read_user_text
 from kfac_hpc.sweep.errors import SweepInputError
-from kfac_hpc.sweep.profile import SiteProfile, train_command
+from kfac_hpc.sweep.profile import SiteProfile, job_command
 from kfac_hpc.sweep.safety import quote
 from kfac_hpc.sweep.spec import Point, SweepSpec
 from kfac_hpc.sweep.train_args import train_argv
@@ -99,7 +99,7 @@ def render_array(
         "env": profile.env,
         "launcher": profile.launcher,
         "srun_mpi": profile.srun_mpi,
-        "train_command": train_command(profile),
+        "train_command": job_command(profile, spec.script, spec.script_args),
         "preempted_exit_code": int(ExitCode.PREEMPTED),
         "markers": {m.name.lower(): str(m) for m in Marker},
         "cases": [

@@ -24,6 +24,7 @@ from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.grad_workers import check_grad_worker_fraction
 from kfac_hpc.contracts.option_values import check_value, coerce_value, expand_aliases
 from kfac_hpc.contracts.options import ALIASES, OPTIONS, Option, method_of, resolve_switches
+from kfac_hpc.contracts.scripts import check_script
 from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.safety import check_identifier, check_line, check_slurm_time
 
@@ -74,6 +75,8 @@ _TOP_FIELDS: dict[str, type] = {
     "signal_seconds": int,
     "sbatch_args": list,
     "allow_gpu_rank_mismatch": bool,
+    "script": str,
+    "script_args": list,
 }
 
 
@@ -111,6 +114,10 @@ class SweepSpec:
     signal_seconds: int | None = None
     sbatch_args: tuple[str, ...] = ()
     allow_gpu_rank_mismatch: bool = False
+    # The user's own training script (absolute path) and its arguments: each point runs it
+    # instead of ``kfac-hpc train`` (kfac_hpc.Run writes the run directory).
+    script: str | None = None
+    script_args: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -281,6 +288,7 @@ def load_spec(sweep_file: Path | None, overrides: Mapping[str, Any]) -> SweepSpe
     repeats = scalar("repeats", int, 1)
     if not 1 <= repeats <= MAX_POINTS:
         raise SweepInputError("repeats", f"{repeats} must be in [1, {MAX_POINTS}]")
+    script = _script(raw)
     train = _train_settings(raw, scalar)
     axes = {name: _axis(name, raw[name]) for name in AXES if name in raw}
     total = len(nodes) * repeats * math.prod(len(values) for values in axes.values())
@@ -313,7 +321,31 @@ def load_spec(sweep_file: Path | None, overrides: Mapping[str, Any]) -> SweepSpe
         else _positive("signal_seconds", signal_seconds),
         sbatch_args=_string_list("sbatch_args", raw.get("sbatch_args", ())),
         allow_gpu_rank_mismatch=scalar("allow_gpu_rank_mismatch", bool, False),
+        script=script,
+        script_args=_string_list("script_args", raw.get("script_args", ())),
     )
+
+
+def _script(raw: Mapping[str, Any]) -> str | None:
+    """The script's absolute path (checked: a readable Python file), None without one; a
+    script's points take no ``kfac-hpc train`` setting, axis or ``--train-arg``."""
+    if raw.get("script_args") and raw.get("script") is None:
+        raise SweepInputError(
+            "--script", "missing: the arguments after -- go to a script; give --script PATH.py"
+        )
+    if raw.get("script") is None:
+        return None
+    for name in (*TRAIN_SETTINGS, *AXES, "extra_args"):
+        if raw.get(name) not in (None, ()):
+            flag = "--train-arg" if name == "extra_args" else "--" + name.replace("_", "-")
+            raise SweepInputError(
+                flag,
+                "a kfac-hpc train setting, but --script runs your own script: give it the "
+                "script's arguments after -- (kfac-hpc sweep --script train.py ... -- --lr 0.1)",
+            )
+    if not isinstance(raw["script"], str):
+        raise SweepInputError("--script", f"{raw['script']!r} is not a path")
+    return str(check_script(check_line("--script", raw["script"]), error=SweepInputError))
 
 
 def _string_list(fld: str, value: Any) -> tuple[str, ...]:

@@ -42,8 +42,8 @@ from kfac_hpc.checkpoint import (
     restore_training_state,
 )
 from kfac_hpc.contracts import OPTIONS, PHASES, HostMemory, RunDir
-from kfac_hpc.optim.finite import all_finite
 from kfac_hpc.runtime import DistributedContext
+from kfac_hpc.train.attempt import average_buffers, broadcast_parameters, parameters_finite
 from kfac_hpc.train.config import ConfigError, TrainConfig
 from kfac_hpc.train.data import DataSource, ShardedBatches
 from kfac_hpc.train.faults import fault_plan
@@ -261,7 +261,7 @@ class Job:
             error = exc
         agree_on_input(error, self.rank, self.world_size, self.comm_device)
         if checkpoint is None:
-            self._broadcast_parameters()
+            broadcast_parameters(self.model, self.world_size)
             return Position(0, 0)
         restored = restore_training_state(
             checkpoint,
@@ -273,12 +273,6 @@ class Job:
         )
         self.method.resumed(restored.config)
         return Position(restored.step, restored.step)
-
-    def _broadcast_parameters(self) -> None:
-        """Every rank starts from rank 0's weights (same seed already; this makes it certain)."""
-        if self.world_size > 1:
-            for tensor in self.model.state_dict().values():
-                dist.broadcast(tensor, src=0)
 
     def _local_flags(self, preemption: PreemptionHandler) -> StepFlags:
         """This rank's terms of the flags summed over ranks in the step's gradient allreduce."""
@@ -295,7 +289,7 @@ class Job:
     def evaluate(self, step: int) -> float:
         """Test accuracy over every rank's share of the test set; rank 0 records it."""
         self.method.synchronize()
-        self._average_buffers()
+        average_buffers(self.model, self.world_size)
         loss, accuracy = evaluate(self.model, self.batches, self.ctx.device, self.world_size)
         if self.rank == 0:
             epoch = step // self.steps_per_epoch
@@ -303,20 +297,11 @@ class Job:
             self.run_dir.append_metrics(record)
         return accuracy
 
-    def _average_buffers(self) -> None:
-        """BatchNorm running statistics differ per rank; test (and save) their average."""
-        if self.world_size == 1:
-            return
-        for buffer in self.model.buffers():
-            if buffer.is_floating_point():
-                dist.all_reduce(buffer)
-                buffer.div_(self.world_size)
-
     # ----------------------------------------------------------------- checkpoints
     def save(self, step: int) -> None:
         self.method.synchronize()
         self._check_finite_parameters(step)
-        self._average_buffers()
+        average_buffers(self.model, self.world_size)
         epoch, index = divmod(step, self.steps_per_epoch)
         state = capture_training_state(
             step=step,
@@ -340,11 +325,7 @@ class Job:
 
     def _check_finite_parameters(self, step: int) -> None:
         """Raise TrainingDiverged on every rank when any rank's parameters are non-finite."""
-        finite = all_finite(list(self.model.parameters()))
-        bad = torch.tensor([0.0 if finite else 1.0], dtype=torch.float64, device=self.comm_device)
-        if self.world_size > 1:
-            dist.all_reduce(bad)
-        if bad.item() > 0:
+        if not parameters_finite(self.model, self.world_size, self.comm_device):
             raise TrainingDiverged(
                 f"the model's parameters are non-finite at step {step}; no checkpoint of them "
                 f"was written: {_RETRY}"

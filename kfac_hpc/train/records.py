@@ -28,6 +28,7 @@ __all__ = [
     "NullRecorder",
     "WindowRecorder",
     "eval_record",
+    "launch_facts",
     "peak_memory",
     "run_facts",
     "step_time_stats",
@@ -172,6 +173,30 @@ def eval_record(
     }
 
 
+def launch_facts(
+    ctx: DistributedContext, run_dir: RunDir, step_times: list[float]
+) -> dict[str, Any]:
+    """What ``run.json`` reports of the launch and the process, whatever the training config:
+    the run's id, world, launcher, step-time statistics, peak memory and versions."""
+    rss, cuda = peak_memory(ctx.device)
+    return {
+        "run_id": run_dir.root.resolve().name,
+        "world_size": ctx.world_size,
+        "nodes": ctx.launch.num_nodes,
+        "ranks_per_node": ctx.launch.local_world_size,
+        "launcher": ctx.launch.source,
+        "backend": ctx.backend,
+        "step_s": step_time_stats(step_times),
+        "peak_rss_bytes": rss,
+        "peak_cuda_bytes": cuda,
+        "versions": {
+            "kfac_hpc": __version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+    }
+
+
 def run_facts(
     config: TrainConfig,
     ctx: DistributedContext,
@@ -183,32 +208,18 @@ def run_facts(
 ) -> dict[str, Any]:
     """What ``run.json`` reports that only the live job knows; ``method`` holds the training
     method's name and the fields it adds."""
-    rss, cuda = peak_memory(ctx.device)
     sizes = config.batch_sizes(ctx.world_size)
     return {
-        "run_id": run_dir.root.resolve().name,
         "config_hash": config.config_hash(),
         "model": config.model,
         "dataset": config.dataset,
         "optimizer": config.optimizer,
         **method,
         "scaling": config.scaling,
-        "world_size": ctx.world_size,
-        "nodes": ctx.launch.num_nodes,
-        "ranks_per_node": ctx.launch.local_world_size,
-        "launcher": ctx.launch.source,
-        "backend": ctx.backend,
         "global_batch_size": sizes.global_batch_size,
         "per_rank_batch_size": sizes.per_rank_batch_size,
         "steps": step,
         "epochs": epochs,
         "target_accuracy": config.target_accuracy,
-        "step_s": step_time_stats(step_times),
-        "peak_rss_bytes": rss,
-        "peak_cuda_bytes": cuda,
-        "versions": {
-            "kfac_hpc": __version__,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-        },
+        **launch_facts(ctx, run_dir, step_times),
     }

@@ -5,24 +5,23 @@ run an attempt under the preemption handler, and end with exactly one marker: ``
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-import traceback
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from kfac_hpc.contracts import SCHEMA_VERSION, ExitCode, HostMemory, RunDir, write_json_atomic
 from kfac_hpc.runtime import DistributedContext, init_distributed, keep_freed_host_memory, shutdown
+from kfac_hpc.train.attempt import begin_attempt, end_attempt, record_failure
 from kfac_hpc.train.config import ConfigError, TrainConfig, check_run_dir
 from kfac_hpc.train.data import DataSource, load_data
 from kfac_hpc.train.job import Job, Position, TrainingDiverged, agree_on_input
 from kfac_hpc.train.preemption import REQUEUE_EXIT_CODE, PreemptionHandler, ignore_signals
 from kfac_hpc.train.progress import Progress
 from kfac_hpc.train.records import WindowRecorder
-from kfac_hpc.train.summary import build_summary
+from kfac_hpc.train.summary import AttemptLog
 
 __all__ = ["EXIT_DONE", "EXIT_FAILED", "run_training"]
 
@@ -137,19 +136,11 @@ def run_training(
 def _attempt(
     job: Job, pos: Position, preemption: PreemptionHandler, ignore_late_signals: bool
 ) -> int:
-    run_dir, attempts = job.run_dir, job.attempts
-    if job.rank == 0:
-        job.attempt = attempts.next_attempt()
-        job.wall_base_s = sum(a["wall_s"] for a in attempts.attempts())
-        attempts.start(job.attempt, pos.start_step)
-    if job.world_size > 1:
-        shared = torch.tensor(
-            [job.attempt, job.wall_base_s], dtype=torch.float64, device=job.comm_device
-        )
-        dist.broadcast(shared, src=0)
-        job.attempt, job.wall_base_s = int(shared[0].item()), float(shared[1].item())
+    job.attempt, job.wall_base_s = begin_attempt(
+        job.attempts, job.rank, job.world_size, job.comm_device, pos.start_step
+    )
     recorder = WindowRecorder(
-        run_dir,
+        job.run_dir,
         job.rank,
         job.world_size,
         job.comm_device,
@@ -160,13 +151,10 @@ def _attempt(
     end = job.loop(pos, recorder, progress, preemption)
     job.finish(pos, recorder, end, progress)
     if job.rank == 0:
-        attempt_wall = time.perf_counter() - job.started
-        attempts.end(job.attempt, pos.step, attempt_wall, end)
-        state = "preempted" if end == "preempted" else "done"
-        summary = build_summary(run_dir, state, job.facts(pos.step, recorder.rank0_step_s))
-        summary["end"] = end
-        write_json_atomic(run_dir.run, summary)
-        run_dir.write_marker(state)
+        facts = job.facts(pos.step, recorder.rank0_step_s)
+        end_attempt(
+            job.attempts, job.attempt, pos.step, time.perf_counter() - job.started, end, facts
+        )
     if job.world_size > 1:
         dist.barrier()
     if ignore_late_signals:
@@ -175,25 +163,18 @@ def _attempt(
 
 
 def _fail(run_dir: RunDir, ctx: DistributedContext, job: Job | None, exc: BaseException) -> int:
-    """Leave the error marker (first failing rank's message wins) and a run.json, then end this
-    rank without touching the process group (a peer may be dead; collectives would hang)."""
-    message = f"rank {ctx.rank}: {type(exc).__name__}: {exc}"
-    try:
-        run_dir.root.mkdir(parents=True, exist_ok=True)
-        if run_dir.write_marker("error", message) and job is not None:
-            facts = job.facts(0, [])
-            facts["steps"] = max((r["step"] for r in run_dir.read_metrics()), default=0)
-            attempt_s = time.perf_counter() - job.started
-            job.attempts.end(job.attempt, facts["steps"], attempt_s, "error")
-            write_json_atomic(run_dir.run, build_summary(run_dir, "error", facts, message))
-    finally:
-        if isinstance(exc, TrainingDiverged):  # the user's input, not a bug: no traceback
-            print(f"kfac-hpc train: {message}", file=sys.stderr)
-        else:
-            traceback.print_exception(exc)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if ctx.world_size > 1:
-            os._exit(EXIT_FAILED)
-    shutdown()
-    return EXIT_FAILED
+    """Leave the error marker and a run.json (:func:`~kfac_hpc.train.attempt.record_failure`)."""
+
+    def ended() -> tuple[AttemptLog, int, float, dict[str, Any]]:
+        assert job is not None
+        return job.attempts, job.attempt, time.perf_counter() - job.started, job.facts(0, [])
+
+    return record_failure(
+        run_dir,
+        ctx.rank,
+        ctx.world_size,
+        exc,
+        None if job is None else ended,
+        prefix="kfac-hpc train",
+        quiet=(TrainingDiverged,),
+    )
