@@ -51,7 +51,6 @@ from kfac_hpc.train.methods import MethodSetup, build_method, method_name
 from kfac_hpc.train.methods.base import TrainingDiverged
 from kfac_hpc.train.methods.resume import recorded, training_mismatch
 from kfac_hpc.train.models import build_model
-from kfac_hpc.train.transformer import GPTSizes
 from kfac_hpc.train.optimizers import learning_rate
 from kfac_hpc.train.precision import Precision
 from kfac_hpc.train.preemption import PreemptionHandler
@@ -60,6 +59,7 @@ from kfac_hpc.train.records import WindowRecorder, eval_record, run_facts
 from kfac_hpc.train.step import TrainStep, evaluate
 from kfac_hpc.train.summary import AttemptLog
 from kfac_hpc.train.timing import PhaseTimer, phase_timer
+from kfac_hpc.train.transformer import GPTSizes
 
 __all__ = ["Job", "PeerInputError", "Position", "TrainingDiverged", "agree_on_input"]
 

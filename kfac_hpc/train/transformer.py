@@ -22,7 +22,7 @@ from torch import nn
 if TYPE_CHECKING:
     from kfac_hpc.train.config import TrainConfig
 
-__all__ = ["VOCAB", "GPT", "GPTSizes"]
+__all__ = ["GPT", "VOCAB", "GPTSizes"]
 
 VOCAB = 256  # bytes
 
@@ -104,10 +104,9 @@ class GPT(nn.Module):
         self.head = None if sizes.tied else nn.Linear(sizes.d_model, VOCAB, bias=False)
         self.apply(self._init)
         # GPT-2's residual scaling: the projections into the residual stream shrink with depth.
-        for block in self.blocks:
-            for layer in (block.attn.proj, block.mlp[2]):
-                assert isinstance(layer, nn.Linear)
-                nn.init.normal_(layer.weight, std=0.02 / math.sqrt(2 * sizes.layers))
+        for name, param in self.named_parameters():
+            if name.endswith(("attn.proj.weight", "mlp.2.weight")):
+                nn.init.normal_(param, std=0.02 / math.sqrt(2 * sizes.layers))
 
     @staticmethod
     def _init(module: nn.Module) -> None:

@@ -104,13 +104,13 @@ def test_sharded_text_batches_depend_only_on_seed_epoch_step_and_rank() -> None:
 
 
 def test_text_needs_a_path_and_gpt_only_text(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="^data_path: .*--data-path"):
+    with pytest.raises(ConfigError, match=r"^data_path: .*--data-path"):
         TrainConfig(model="gpt", dataset="text").validate()
-    with pytest.raises(ConfigError, match="^model: .*--model gpt"):
+    with pytest.raises(ConfigError, match=r"^model: .*--model gpt"):
         TrainConfig(model="mlp", dataset="generated_text").validate()
-    with pytest.raises(ConfigError, match="^model: .*--model gpt"):
+    with pytest.raises(ConfigError, match=r"^model: .*--model gpt"):
         TrainConfig(model="gpt", dataset="digits").validate()
-    with pytest.raises(ConfigError, match="^gpt_d_model: .*--gpt-heads"):
+    with pytest.raises(ConfigError, match=r"^gpt_d_model: .*--gpt-heads"):
         TrainConfig(model="gpt", dataset="generated_text", gpt_d_model=30).validate()
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(generated_corpus(3000))
@@ -239,5 +239,5 @@ def test_fp16_without_loss_scaling_on_this_device_is_refused(
 
 
 def test_fp16_with_fosi_is_refused() -> None:
-    with pytest.raises(ConfigError, match="^precision: .*--precision bf16"):
+    with pytest.raises(ConfigError, match=r"^precision: .*--precision bf16"):
         TrainConfig(fosi=True, precision="fp16").validate()
