@@ -13,8 +13,8 @@ grid run once at 1 rank, seed 0 (SGD 0.1/0.3/1.0: 1.57/1.66/diverged; Adam 0.003
 
 - ``sgd``: lr 0.1, momentum 0.9;
 - ``adam``: lr 0.003;
-- ``kfac``: SGD+K-FAC, lr 0.3, with the job's defaults (factors every step, eigendecompositions every
-  10 steps, damping 0.003, KL clip 0.001);
+- ``kfac``: SGD+K-FAC, lr 0.3, with the job's defaults (factors every step,
+  eigendecompositions every 10 steps, damping 0.003, KL clip 0.001);
 - ``kfac_10_100``: the same with factors every 10 steps and eigendecompositions every 100.
 
 Each round runs every (P, method) once, the order rotating from round to round
