@@ -68,9 +68,12 @@ class CausalSelfAttention(nn.Module):
         def split(y: torch.Tensor) -> torch.Tensor:  # (N, T, D) -> (N, heads, T, D/heads)
             return y.view(n, t, self.heads, d // self.heads).transpose(1, 2)
 
-        out = F.scaled_dot_product_attention(
-            split(self.q(x)), split(self.k(x)), split(self.v(x)), is_causal=True
-        )
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        # Written out rather than F.scaled_dot_product_attention: its fused CPU kernel has no
+        # second derivative, which FOSI's Hessian-vector products need.
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.heads)
+        future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        out = F.softmax(scores.masked_fill(future, float("-inf")), dim=-1) @ v
         return self.proj(out.transpose(1, 2).reshape(n, t, d))
 
 
