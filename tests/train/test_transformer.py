@@ -190,6 +190,16 @@ def test_training_lowers_the_validation_loss_below_the_bound(
     assert config["model"] == "gpt" and config["precision"] == "fp32"
 
 
+def test_fosi_runs_on_the_transformer(tmp_path: Path) -> None:
+    """FOSI's extreme-spectrum estimation takes Hessian-vector products through attention
+    (a second derivative of it): one ESE at step 3 finds k positive eigenvalues."""
+    argv = ["--fosi", "--lr", "0.1", "--fosi-k", "2", "--lanczos-iters", "8"]
+    argv += ["--fosi-warmup", "3", "--ese-every", "100", "--steps", "6"]
+    facts = _train(tmp_path / "run", *argv)
+    assert facts["state"] == "done" and facts["ese_count"] == 1
+    assert len(facts["fosi_eigenvalues"]) == 2 and min(facts["fosi_eigenvalues"]) > 0
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_reduced_precision_trains_on_cpu_with_float32_factors(
     tmp_path: Path, precision: str, monkeypatch: pytest.MonkeyPatch
