@@ -191,6 +191,7 @@ def run_facts(
         "model": config.model,
         "dataset": config.dataset,
         "optimizer": config.optimizer,
+        "precision": config.precision,
         **method,
         "scaling": config.scaling,
         "world_size": ctx.world_size,

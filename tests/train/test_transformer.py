@@ -228,6 +228,7 @@ def test_reduced_precision_trains_on_cpu_with_float32_factors(
     assert head_g[0] == pytest.approx(head_g[1], rel=0.05), head_g
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["precision"] == precision
+    assert read_json(tmp_path / "run" / "run.json")["precision"] == precision
 
 
 def test_fp16_without_loss_scaling_on_this_device_is_refused(
