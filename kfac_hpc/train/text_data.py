@@ -6,11 +6,13 @@ Samples are windows of ``context + 1`` bytes addressed by index: window ``i`` st
 and its target the ``context`` bytes after each, so an epoch predicts every training byte
 once and the data a step sees depends only on the indices :class:`ShardedBatches` picks.
 
-Splits are fixed: the last tenth of the bytes (of the files concatenated in sorted path order)
-is the validation set, the rest training. The generated corpus comes from a small stochastic
+Splits are fixed: of the files (concatenated in sorted path order) the last tenth of the bytes
+is the validation set, the rest training; of the generated corpus the validation windows are
+the text after the training windows. The generated corpus comes from a small stochastic
 grammar of seed 0 (every run sees the same text): sentences of invented words, so the next
-byte is well predictable inside a word and less so at word and sentence boundaries, and a
-small model's validation loss falls from ln 256 ≈ 5.5 nats well below 2 within a hundred steps.
+byte is well predictable inside a word and less so at word and sentence boundaries (2.92 nats
+per byte without context, 1.52 given the previous byte; a 2-block model's validation loss
+falls from ln 256 ≈ 5.55 below 1.6 within a hundred steps: docs/train.md).
 """
 
 from __future__ import annotations
