@@ -108,7 +108,7 @@ def _f(name: str, kind: str, default: Any, help: str, **meta: Any) -> Option:
     return Option(name, kind, default, f"FOSI: {help}", method="fosi", **meta)
 
 
-MODELS = ("small_cnn", "mlp", "resnet20", "resnet32", "resnet56", "resnet50", "cnn1d")
+MODELS = ("small_cnn", "mlp", "resnet20", "resnet32", "resnet56", "resnet50", "cnn1d", "gpt")
 DATASETS = (
     "digits",
     "mnist1d",
@@ -116,7 +116,13 @@ DATASETS = (
     "synthetic_imagenet",
     "cifar10",
     "imagefolder",
+    "text",
+    "generated_text",
 )
+# The transformer workload: its model and the byte-level datasets only it takes.
+TEXT_MODELS = ("gpt",)
+TEXT_DATASETS = ("text", "generated_text")
+PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 LR_SCHEDULES = ("constant", "step", "cosine")
 SCALINGS = ("strong", "weak")
@@ -161,14 +167,15 @@ COMMON_OPTIONS: tuple[Option, ...] = (
         "str",
         None,
         "folder of the CIFAR-10 binary batches or the image folder; for mnist1d a cache folder "
-        "of the generated sequences",
+        "of the generated sequences; for text a UTF-8 file or a folder of them",
         optional=True,
     ),
     _o(
         "num_samples",
         "int",
         4096,
-        "training samples of a synthetic or the mnist1d dataset",
+        "training samples of a synthetic, the mnist1d or the generated_text dataset (windows "
+        "of --context-length bytes)",
         check="positive",
     ),
     _o(
@@ -178,6 +185,35 @@ COMMON_OPTIONS: tuple[Option, ...] = (
         "channels of each cnn1d convolution (the MNIST-1D paper's 25)",
         check="positive",
         maximum=4096,
+    ),
+    # The transformer workload (gpt on text / generated_text: kfac_hpc/train/transformer.py).
+    _o("gpt_layers", "int", 2, "decoder blocks of the gpt model", check="positive", maximum=256),
+    _o(
+        "gpt_d_model",
+        "int",
+        64,
+        "width of the gpt model (a multiple of --gpt-heads)",
+        check="positive",
+        maximum=65536,
+    ),
+    _o("gpt_heads", "int", 4, "attention heads of the gpt model", check="positive", maximum=1024),
+    _o(
+        "context_length",
+        "int",
+        64,
+        "bytes per sample of the text datasets (the gpt model's context)",
+        unit="bytes",
+        check="positive",
+        maximum=65536,
+    ),
+    _o("gpt_tied", "bool", False, "the gpt model's output projection is its byte embedding"),
+    _o(
+        "precision",
+        "str",
+        "fp32",
+        "forward/backward arithmetic: float32, bfloat16 autocast, or float16 autocast with "
+        "loss scaling (parameters and K-FAC factors stay float32)",
+        choices=PRECISIONS,
     ),
     _o("augment", "bool", True, "random crop + flip for 32x32 image data (cifar10)"),
     _o("optimizer", "str", "sgd", "first-order optimizer", choices=OPTIMIZERS, axis=True),
@@ -629,8 +665,10 @@ LIBRARY_ONLY: dict[str, dict[str, str]] = {
     "kfac": {
         "accumulation_steps": "the job runs one backward per optimizer step",
         "damping_mode": "the job keeps the pi_split damping of the inverse method",
-        "grad_scaler": "a torch.amp.GradScaler object; the job trains in float32",
-        "factor_dtype": "a torch dtype; the job keeps the weights' dtype",
+        "grad_scaler": "a torch.amp.GradScaler object; the job passes its own under "
+        "--precision fp16",
+        "factor_dtype": "a torch dtype; the job keeps the weights' dtype (float32 under every "
+        "--precision)",
         "inv_dtype": "a torch dtype; the job keeps float32",
         "synchronize_timings": "the job sets it from --cuda-sync",
     },

@@ -22,7 +22,7 @@ from kfac_hpc.cli_errors import guard
 from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.option_values import check_value
 from kfac_hpc.contracts.options import OPTIONS
-from kfac_hpc.plan.errors import PlanInputError, shown
+from kfac_hpc.plan.errors import PlanInputError, check_planned, shown
 from kfac_hpc.plan.model import ALL_METHODS, METHODS
 from kfac_hpc.plan.profiles import PROFILE_FIELDS
 
@@ -104,6 +104,7 @@ def _check_options(o: dict[str, Any]) -> None:
             check_value(OPTIONS[name], o[field])
         except InputError as exc:
             raise PlanInputError(field, exc.reason) from None
+    check_planned(o["model"], o["dataset"])
     if o["bucket_mb"] < MIN_BUCKET_MB:  # the table's "> 0" lets 1e-300 MiB give 1e300 buckets
         raise PlanInputError(
             "bucket_mb", f"{o['bucket_mb']!r} must be >= {MIN_BUCKET_MB} (1 KiB per bucket)"

@@ -13,7 +13,7 @@ from torch import nn
 
 from kfac_hpc.contracts.options import DATASETS, MODELS
 from kfac_hpc.optim.layers import KFACLayer, make_layer
-from kfac_hpc.plan.errors import PlanInputError
+from kfac_hpc.plan.errors import PlanInputError, check_planned
 from kfac_hpc.train.models import build_model
 
 __all__ = ["INPUTS", "LayerShape", "ModelShape", "check_fit", "model_shape"]
@@ -91,6 +91,7 @@ def check_fit(model: str, dataset: str) -> None:
 
 def model_shape(model: str, dataset: str) -> ModelShape:
     """The layer inventory of ``model`` on ``dataset``'s input shape."""
+    check_planned(model, dataset)
     if model not in MODELS:
         raise PlanInputError("model", f"{model!r} is not one of {', '.join(MODELS)}")
     if dataset not in DATASETS:

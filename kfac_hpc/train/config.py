@@ -26,7 +26,14 @@ from kfac_hpc.contracts.durations import parse_duration_s
 from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.grad_workers import check_grad_worker_fraction, parse_grad_worker_fraction
 from kfac_hpc.contracts.option_values import check_value, coerce_value, expand_aliases
-from kfac_hpc.contracts.options import LIBRARY_PARAMETERS, OPTIONS, method_of, resolve_switches
+from kfac_hpc.contracts.options import (
+    LIBRARY_PARAMETERS,
+    OPTIONS,
+    TEXT_DATASETS,
+    TEXT_MODELS,
+    method_of,
+    resolve_switches,
+)
 from kfac_hpc.contracts.textfile import read_user_text
 
 if sys.version_info >= (3, 11):
@@ -87,13 +94,7 @@ class TrainConfig:
                 check_value(option, getattr(self, option.name))
             except InputError as exc:
                 raise ConfigError(exc.field, exc.reason) from None
-        sequences = self.dataset == "mnist1d"
-        if sequences != (self.model == "cnn1d") and self.model != "mlp":
-            raise ConfigError(
-                "model",
-                f"{self.model!r} does not fit dataset {self.dataset!r}: use cnn1d or mlp for "
-                "the mnist1d sequences, an image model for the image datasets",
-            )
+        self._validate_workload()
         try:
             method_of(self.to_dict())
         except InputError as exc:
@@ -102,10 +103,13 @@ class TrainConfig:
             self._validate_fosi()
         if self.stop_at_target and self.target_accuracy is None:
             raise ConfigError("stop_at_target", "needs --target-accuracy")
-        if self.dataset in ("cifar10", "imagefolder") and not self.data_path:
-            raise ConfigError("data_path", f"dataset {self.dataset!r} needs --data-path DIR")
-        if self.data_path and not Path(self.data_path).is_dir():
-            raise ConfigError("data_path", f"{self.data_path!r} is not a directory")
+        if self.dataset in ("cifar10", "imagefolder", "text") and not self.data_path:
+            what = "a file or DIR" if self.dataset == "text" else "DIR"
+            raise ConfigError("data_path", f"dataset {self.dataset!r} needs --data-path {what}")
+        text_file = self.dataset == "text" and self.data_path and Path(self.data_path).is_file()
+        if self.data_path and not text_file and not Path(self.data_path).is_dir():
+            what = "a file or directory" if self.dataset == "text" else "a directory"
+            raise ConfigError("data_path", f"{self.data_path!r} is not {what}")
         if self.resume_from is not None and not Path(self.resume_from).exists():
             raise ConfigError(
                 "resume_from", f"{self.resume_from!r} does not exist; give a checkpoint or run dir"
@@ -113,6 +117,35 @@ class TrainConfig:
         if self.init_factors is not None and not Path(self.init_factors).is_file():
             raise ConfigError(
                 "init_factors", f"{self.init_factors!r} is not a file; give a checkpoint .h5 file"
+            )
+
+    def _validate_workload(self) -> None:
+        """The model fits the dataset: gpt takes only the text datasets, cnn1d the mnist1d
+        sequences, the image models images, mlp any but text."""
+        text = self.dataset in TEXT_DATASETS
+        if text != (self.model in TEXT_MODELS):
+            raise ConfigError(
+                "model",
+                f"{self.model!r} does not fit dataset {self.dataset!r}: the text datasets "
+                f"({', '.join(TEXT_DATASETS)}) take --model gpt, and gpt takes only them",
+            )
+        sequences = self.dataset == "mnist1d"
+        if not text and sequences != (self.model == "cnn1d") and self.model != "mlp":
+            raise ConfigError(
+                "model",
+                f"{self.model!r} does not fit dataset {self.dataset!r}: use cnn1d or mlp for "
+                "the mnist1d sequences, an image model for the image datasets",
+            )
+        if self.model == "gpt" and self.gpt_d_model % self.gpt_heads:
+            raise ConfigError(
+                "gpt_d_model",
+                f"{self.gpt_d_model} is not a multiple of --gpt-heads {self.gpt_heads}",
+            )
+        if self.precision == "fp16" and self.fosi:
+            raise ConfigError(
+                "precision",
+                "fp16 loss scaling does not reach FOSI's Hessian-vector products; "
+                "use --precision bf16 or fp32 with --fosi",
             )
 
     def _validate_fosi(self) -> None:

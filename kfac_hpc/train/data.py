@@ -32,8 +32,8 @@ _CIFAR_STD = (0.2470, 0.2435, 0.2616)
 
 @dataclass
 class DataSource:
-    """Train and test samples addressed by index; ``shape`` is (C, H, W) of images or (C, L)
-    of sequences."""
+    """Train and test samples addressed by index; ``shape`` is (C, H, W) of images, (C, L)
+    of sequences or (T,) of byte windows (whose labels are the next bytes, (T,) too)."""
 
     name: str
     shape: tuple[int, ...]
@@ -209,7 +209,15 @@ def load_data(config: TrainConfig) -> DataSource:
         return _synthetic((3, 32, 32), 10, config.num_samples, config.seed)
     if config.dataset == "synthetic_imagenet":
         return _synthetic((3, 224, 224), 1000, config.num_samples, config.seed)
+    if config.dataset == "generated_text":
+        from kfac_hpc.train.text_data import generated_text
+
+        return generated_text(config.num_samples, config.context_length)
     assert config.data_path is not None
+    if config.dataset == "text":
+        from kfac_hpc.train.text_data import text_files
+
+        return text_files(Path(config.data_path), config.context_length)
     if config.dataset == "cifar10":
         return _cifar10(Path(config.data_path))
     return _imagefolder(Path(config.data_path))

@@ -52,12 +52,14 @@ from kfac_hpc.train.methods.base import TrainingDiverged
 from kfac_hpc.train.methods.resume import recorded, training_mismatch
 from kfac_hpc.train.models import build_model
 from kfac_hpc.train.optimizers import learning_rate
+from kfac_hpc.train.precision import Precision
 from kfac_hpc.train.preemption import PreemptionHandler
 from kfac_hpc.train.progress import Progress
 from kfac_hpc.train.records import WindowRecorder, eval_record, run_facts
 from kfac_hpc.train.step import TrainStep, evaluate
 from kfac_hpc.train.summary import AttemptLog
 from kfac_hpc.train.timing import PhaseTimer, phase_timer
+from kfac_hpc.train.transformer import GPTSizes
 
 __all__ = ["Job", "PeerInputError", "Position", "TrainingDiverged", "agree_on_input"]
 
@@ -181,13 +183,17 @@ class Job:
         self.fault = fault_plan()
         torch.manual_seed(config.seed)
         self.model: nn.Module = build_model(
-            config.model, data.shape, data.num_classes, config.cnn1d_channels
+            config.model, data.shape, data.num_classes, config.cnn1d_channels, GPTSizes.of(config)
         )
         self.model.to(ctx.device)
+        self.precision = Precision(config.precision, ctx.device)
         self.method = build_method(
-            method_name(config), MethodSetup(config, self.model, self.world_size)
+            method_name(config),
+            MethodSetup(config, self.model, self.world_size, self.precision.scaler),
         )
-        self.step = TrainStep(self.model, self.batches, ctx.device, self.method, self.world_size)
+        self.step = TrainStep(
+            self.model, self.batches, ctx.device, self.method, self.world_size, self.precision
+        )
         self.manager = CheckpointManager(
             run_dir.checkpoints,
             keep=config.keep_checkpoints,
@@ -290,7 +296,9 @@ class Job:
         """Test accuracy over every rank's share of the test set; rank 0 records it."""
         self.method.synchronize()
         average_buffers(self.model, self.world_size)
-        loss, accuracy = evaluate(self.model, self.batches, self.ctx.device, self.world_size)
+        loss, accuracy = evaluate(
+            self.model, self.batches, self.ctx.device, self.world_size, self.precision
+        )
         if self.rank == 0:
             epoch = step // self.steps_per_epoch
             record = eval_record(self.attempt, step, epoch, self.wall_s(), loss, accuracy)

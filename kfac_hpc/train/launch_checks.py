@@ -65,6 +65,7 @@ def check_loadable(argvs: Sequence[Sequence[str]]) -> tuple[int, InputError] | N
     None when all can. The arguments are valid (:func:`check_train_args`)."""
     from kfac_hpc.train.data import load_data
     from kfac_hpc.train.models import build_model
+    from kfac_hpc.train.transformer import GPTSizes
 
     datasets: dict[tuple[Any, ...], tuple[tuple[int, ...], int]] = {}
     models: set[tuple[Any, ...]] = set()
@@ -80,10 +81,11 @@ def check_loadable(argvs: Sequence[Sequence[str]]) -> tuple[int, InputError] | N
                 return index, InputError(flag, why)
             datasets[data_key] = (data.shape, data.num_classes)
         shape, classes = datasets[data_key]
-        model_key = (config.model, shape, classes, config.cnn1d_channels)
+        gpt = GPTSizes.of(config)
+        model_key = (config.model, shape, classes, config.cnn1d_channels, gpt)
         if model_key not in models:
             try:
-                build_model(config.model, shape, classes, config.cnn1d_channels)
+                build_model(config.model, shape, classes, config.cnn1d_channels, gpt)
             except Exception as exc:  # a model that does not fit the data's shape
                 why = (
                     f"--model {config.model} cannot be built for --dataset {config.dataset}: "

@@ -1,7 +1,8 @@
 """The networks of the job, written here so torchvision stays optional.
 
 Inputs are NCHW image batches (NCL sequences for ``cnn1d``); outputs are logits of shape
-(N, num_classes).
+(N, num_classes). ``gpt`` (kfac_hpc/train/transformer.py) takes byte ids (N, T) and returns
+logits (N, T, 256).
 CIFAR ResNets follow He et al. 2016 (3 stages of 16/32/64 channels, 6n+2 layers) with 1x1
 projection shortcuts where the shape changes; ResNet-50 is the ImageNet bottleneck network.
 """
@@ -12,6 +13,8 @@ import math
 
 import torch
 from torch import nn
+
+from kfac_hpc.train.transformer import GPT, GPTSizes
 
 __all__ = ["build_model"]
 
@@ -141,10 +144,17 @@ def _resnet50(channels: int, num_classes: int) -> nn.Module:
 
 
 def build_model(
-    name: str, input_shape: tuple[int, ...], num_classes: int, cnn1d_channels: int = 25
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    cnn1d_channels: int = 25,
+    gpt: GPTSizes | None = None,
 ) -> nn.Module:
     """The network ``name`` for inputs of shape (C, H, W), or (C, L) for ``cnn1d`` (whose
-    convolutions have ``cnn1d_channels`` channels); names are contracts.options.MODELS."""
+    convolutions have ``cnn1d_channels`` channels), or (T,) byte ids for ``gpt`` (of sizes
+    ``gpt``, its context T); names are contracts.options.MODELS."""
+    if name == "gpt":
+        return GPT(gpt or GPTSizes(context=input_shape[-1]))
     channels = input_shape[0]
     if name == "mlp":
         return _mlp(math.prod(input_shape), num_classes)

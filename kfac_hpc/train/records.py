@@ -214,6 +214,7 @@ def run_facts(
         "model": config.model,
         "dataset": config.dataset,
         "optimizer": config.optimizer,
+        "precision": config.precision,
         **method,
         "scaling": config.scaling,
         "global_batch_size": sizes.global_batch_size,

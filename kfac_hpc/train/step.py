@@ -4,22 +4,33 @@ A step: data -> forward -> backward -> gradient allreduce -> learning rate -> th
 update. Decisions every rank must share (stop for the time limit or a preemption signal,
 checkpoint by the clock) ride on the gradient allreduce as flags. A method that reduces the
 gradients itself (``reduces_gradients``) gets each rank's own; only the flags are summed then.
+
+The loss is the cross-entropy of class logits (N, C), or of sequence logits (N, T, C) against
+next-token labels (N, T), flattened to N·T rows (the mean over every token). Forward and loss
+run under the job's :class:`~kfac_hpc.train.precision.Precision` (autocast, loss scaling).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from kfac_hpc.train.data import ShardedBatches
 from kfac_hpc.train.grad_sync import GradientAllreduce
 from kfac_hpc.train.methods import Method
+from kfac_hpc.train.precision import Precision
 from kfac_hpc.train.timing import PhaseTimer
 
-__all__ = ["EVAL_BATCH", "TrainStep", "evaluate"]
+__all__ = ["EVAL_BATCH", "TrainStep", "evaluate", "token_loss"]
 
 EVAL_BATCH = 512
+
+
+def token_loss(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of logits (N, C) or (N, T, C) against labels (N,) or (N, T)."""
+    return F.cross_entropy(logits.flatten(0, -2), y.flatten(), reduction=reduction)
 
 
 class TrainStep:
@@ -32,13 +43,18 @@ class TrainStep:
         device: torch.device,
         method: Method,
         world_size: int,
+        precision: Precision | None = None,
     ) -> None:
         self.model = model
         self.batches = batches
         self.device = device
         self.method = method
         self.grad_sync = GradientAllreduce(model, world_size)
-        self.loss_fn = nn.CrossEntropyLoss()
+        self.precision = precision or Precision("fp32", device)
+
+    def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with self.precision.autocast():
+            return token_loss(self.model(x), y)
 
     def __call__(
         self, step: int, lr: float, flags: list[float], timer: PhaseTimer
@@ -50,34 +66,43 @@ class TrainStep:
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
         timer.lap("data")
-        loss = self.loss_fn(self.model(x), y)
+        loss = self._loss(x, y)
         timer.lap("forward")
         optimizer = self.method.optimizer
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        self.precision.backward(loss)
         timer.lap("backward")
         flags = self.grad_sync(flags, gradients=not self.method.reduces_gradients)
+        self.precision.unscale(optimizer)
         timer.lap("grad_allreduce")
         for group in optimizer.param_groups:
             group["lr"] = lr
-        self.method.step(timer, lambda: self.loss_fn(self.model(x), y))
+        self.method.step(timer, lambda: self._loss(x, y))
+        self.precision.update()
         return loss, flags
 
 
 def evaluate(
-    model: nn.Module, batches: ShardedBatches, device: torch.device, world_size: int
+    model: nn.Module,
+    batches: ShardedBatches,
+    device: torch.device,
+    world_size: int,
+    precision: Precision | None = None,
 ) -> tuple[float, float]:
-    """(mean loss, accuracy) over every rank's share of the test set. Collective."""
+    """(mean loss, accuracy) over every rank's share of the test set, per label: per token of
+    sequence outputs (the validation loss of the transformer workload). Collective."""
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=device)
+    precision = precision or Precision("fp32", device)
     with torch.no_grad():
         for idx in batches.test_batches(EVAL_BATCH):
             x, y = batches.source.test(idx)
             x, y = x.to(device), y.to(device)
-            logits = model(x)
-            totals[0] += nn.functional.cross_entropy(logits, y, reduction="sum")
-            totals[1] += (logits.argmax(1) == y).sum()
-            totals[2] += len(y)
+            with precision.autocast():
+                logits = model(x)
+            totals[0] += token_loss(logits.float(), y, reduction="sum")
+            totals[1] += (logits.argmax(-1) == y).sum()
+            totals[2] += y.numel()
     model.train()
     if world_size > 1:
         dist.all_reduce(totals)

@@ -37,12 +37,13 @@ class TrainingDiverged(ArithmeticError):
 
 @dataclass(frozen=True)
 class MethodSetup:
-    """What a method factory gets: the resolved config, the model (on its device, not wrapped)
-    and the world size."""
+    """What a method factory gets: the resolved config, the model (on its device, not wrapped),
+    the world size, and the loss scaler of ``--precision fp16`` (None otherwise)."""
 
     config: TrainConfig
     model: nn.Module
     world_size: int
+    grad_scaler: torch.amp.GradScaler | None = None
 
 
 class Method(ABC):
@@ -53,10 +54,21 @@ class Method(ABC):
     # is recorded in metrics.jsonl and run.json like the others).
     phases: ClassVar[tuple[str, ...]]
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, grad_scaler: torch.amp.GradScaler | None = None
+    ) -> None:
         # The first-order optimizer: the job sets its learning rate before every step and
         # checkpoints its state_dict().
         self.optimizer = optimizer
+        self.grad_scaler = grad_scaler
+
+    def optimizer_step(self) -> None:
+        """``optimizer.step()``; under loss scaling the scaler's, which skips a step whose
+        gradients (already unscaled by the job) hold an inf or NaN."""
+        if self.grad_scaler is None:
+            self.optimizer.step()
+        else:
+            self.grad_scaler.step(self.optimizer)
 
     @abstractmethod
     def step(self, timer: PhaseTimer, curvature_loss: CurvatureLoss) -> None:

@@ -19,10 +19,10 @@ class FirstOrder(Method):
     phases = ("optimizer",)
 
     def __init__(self, setup: MethodSetup) -> None:
-        super().__init__(make_optimizer(setup.config, setup.model))
+        super().__init__(make_optimizer(setup.config, setup.model), setup.grad_scaler)
 
     def step(self, timer: PhaseTimer, curvature_loss: CurvatureLoss) -> None:
-        self.optimizer.step()
+        self.optimizer_step()
         timer.lap("optimizer")
 
     def run_facts(self) -> dict[str, Any]:
