@@ -40,7 +40,8 @@ def build_cost_model(
         host = Host(
             machine.cores_per_node,
             machine.threads_per_rank,
-            JobOverhead(step_s=machine.step_overhead_s),
+            JobOverhead(machine.data_s_per_sample, machine.step_overhead_s),
+            compute_cv=machine.compute_cv,
         )
         return Planned(
             CostModel(shape, RatedCompute(machine, shape), network, host),
