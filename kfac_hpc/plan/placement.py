@@ -13,8 +13,9 @@ otherwise), ``b_node = max(β_intra, β_inter / nics_used)`` and
 ``b_flow = max(β_intra, β_inter / min(1, nics / s))`` (``β_intra`` inside one node):
 
 - ring allreduce:        ``2(P−1)·h + 2(P−1)/P · n · b_node``
-- tree allreduce (NCCL's pipelined double binary tree across nodes, chain inside):
-  ``2(⌈log₂k⌉·α_inter + (L−1)·α_intra) + 2·n·b_node``
+- tree allreduce (NCCL's pipelined double binary tree across nodes, chain inside; NCCL's
+  model gives it 0.9 of the ring's bus bandwidth): ``2(⌈log₂k⌉·α_inter + (L−1)·α_intra) +
+  2·n·b_node / 0.9``
 - hierarchical allreduce (reduce-scatter in the node, allreduce of 1/L across nodes on the
   node's NICs, all-gather in the node):
   ``2(L−1)·α_intra + 2(L−1)/L·n·β_intra + 2(k−1)·α_inter + 2(k−1)/k·n·β_inter/nics_used``
@@ -26,8 +27,10 @@ otherwise), ``b_node = max(β_intra, β_inter / nics_used)`` and
   least 1)
 
 Which algorithm runs: NCCL's tuner predicts each of its algorithms' time from its own latency
-and bandwidth table for every call and takes the fastest (``src/graph/tuning.cc``; ``NCCL_ALGO``
-forces one), between ring and tree for allreduce; its broadcast and reduce are pipelined rings.
+and bandwidth table for every call and takes the fastest (``src/graph/tuning.cc``,
+``ncclTopoTuneModel`` / ``ncclTopoGetAlgoTime``; ``NCCL_ALGO`` forces one), between ring and
+tree for allreduce (the tree's latency ``2((L−1)·intra + log₂k·inter)`` and 0.9 of the ring's
+bus bandwidth, as above); its broadcast and reduce are pipelined rings only.
 gloo (``ProcessGroupGloo``) runs ring allreduce for large messages and binomial trees for
 broadcast and reduce. So ``nccl`` takes the faster of ring and tree and pipelined broadcasts;
 ``gloo`` the faster of ring and binomial and binomial broadcasts; a profile's
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ALGORITHMS",
     "BACKENDS",
+    "TREE_BANDWIDTH",
     "Span",
     "algorithm_s",
     "nic_sharing",
@@ -56,6 +60,7 @@ __all__ = [
     "span",
 ]
 
+TREE_BANDWIDTH = 0.9  # NCCL's tree bus bandwidth against the ring's (tuning.cc)
 ALGORITHMS: dict[str, tuple[str, ...]] = {
     "allreduce": ("ring", "tree", "hierarchical", "binomial"),
     "broadcast": ("pipelined", "binomial"),
@@ -128,7 +133,7 @@ def algorithm_s(net: NetworkProfile, kind: str, algorithm: str, nbytes: float, w
         return 2 * (p - 1) * hop + 2 * (p - 1) / p * nbytes * b_node
     if algorithm == "tree":
         latency = _log2(where.nodes) * inter.alpha_s + (where.per_node - 1) * intra.alpha_s
-        return 2 * latency + 2 * nbytes * b_node
+        return 2 * latency + 2 * nbytes * b_node / TREE_BANDWIDTH
     if algorithm == "hierarchical":
         local, k = where.per_node, where.nodes
         inside = 2 * (local - 1) * intra.alpha_s + 2 * (local - 1) / local * nbytes * (

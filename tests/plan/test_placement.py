@@ -38,9 +38,9 @@ def test_allreduce_algorithms_over_two_nodes_of_two(nics: int) -> None:
     assert algorithm_s(net, "allreduce", "ring", N, where) == pytest.approx(
         6 * A2 + 1.5 * N * b_node
     )
-    # tree: one level across the 2 nodes, a chain of 2 inside
+    # tree: one level across the 2 nodes, a chain of 2 inside, 0.9 of the ring's bandwidth
     assert algorithm_s(net, "allreduce", "tree", N, where) == pytest.approx(
-        2 * (A2 + A1) + 2 * N * b_node
+        2 * (A2 + A1) + 2 * N * b_node / 0.9
     )
     # reduce-scatter / all-gather in the node, allreduce of N/2 per rank across on its NICs
     assert algorithm_s(net, "allreduce", "hierarchical", N, where) == pytest.approx(
