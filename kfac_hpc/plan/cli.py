@@ -24,7 +24,7 @@ from kfac_hpc.contracts.option_values import check_value
 from kfac_hpc.contracts.options import OPTIONS
 from kfac_hpc.plan.errors import PlanInputError, shown
 from kfac_hpc.plan.model import ALL_METHODS, METHODS
-from kfac_hpc.plan.profiles import PROFILE_FIELDS
+from kfac_hpc.plan.profiles import PROFILE_FIELDS, builtin_profiles
 
 __all__ = ["plan"]
 
@@ -50,6 +50,11 @@ _JOB_OPTIONS = {
 }
 _RANKS_PER_NODE = next(f for f in PROFILE_FIELDS if f.name == "network.ranks_per_node")
 _PLOT_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
+# plan's hardware profile was --profile, the word the sweep uses for its site profile
+_OLD_PROFILE = (
+    "is the sweep's site profile (kfac-hpc sweep --profile); plan's hardware profile is "
+    "--hardware NAME|PATH.toml"
+)
 
 
 def plan_default(field: str) -> Any:
@@ -155,11 +160,14 @@ def _outputs(o: dict[str, Any]) -> tuple[Path | None, Path | None]:
 @_job_flag("inv_update_steps")
 @_job_flag("bucket_mb")
 @click.option(
-    "--profile",
+    "--hardware",
     default=None,
-    help="Machine+network profile: shipped name (a100-hdr200) or PATH.toml "
+    help="Hardware profile (devices, nodes, NICs, links): shipped name ("
+    + ", ".join(builtin_profiles())
+    + ") or PATH.toml, e.g. one written by kfac-hpc plan calibrate "
     "[default: measure this machine, on synthetic input of the dataset's shape].",
 )
+@click.option("--profile", "old_profile", default=None, hidden=True)
 @click.option(
     "--calibration-ranks",
     default="2,4",
@@ -209,6 +217,9 @@ def plan(**options: Any) -> None:
 
 def _plan(**o: Any) -> None:
     from kfac_hpc.plan.files import write_atomic
+
+    if o["old_profile"] is not None:
+        raise PlanInputError("--profile", _OLD_PROFILE)
     from kfac_hpc.plan.output import best_by_ranks, plot_bytes, sweep_toml, table_lines
     from kfac_hpc.plan.planner import build_cost_model, predict_all
 
@@ -230,11 +241,11 @@ def _plan(**o: Any) -> None:
                 raise PlanInputError(field, "does not apply with --explain; leave it out")
         if not o["explain"].is_dir():
             raise PlanInputError("explain", f"{shown(str(o['explain']))} is not a directory")
-        path, count = explain_sweep(o["explain"], o["profile"], calibration)
+        path, count = explain_sweep(o["explain"], o["hardware"], calibration)
         click.echo(f"predictions of {count} run(s): {path} (kfac-hpc report {o['explain']})")
         return
     plot_path, sweep_path = _outputs(o)
-    planned = build_cost_model(o["model"], o["dataset"], o["profile"], calibration, o["batch_size"])
+    planned = build_cost_model(o["model"], o["dataset"], o["hardware"], calibration, o["batch_size"])
     predictions = predict_all(
         planned,
         methods,

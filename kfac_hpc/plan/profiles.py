@@ -1,7 +1,7 @@
 """Machine and network profiles: the hardware rates the cost model turns work into time with.
 
 A profile is a TOML file with a ``[machine]`` and a ``[network]`` table (and free-text
-``[sources]``). ``--profile NAME`` loads one shipped in ``kfac_hpc/plan/profiles/``; a path
+``[sources]``). ``--hardware NAME`` loads one shipped in ``kfac_hpc/plan/profiles/``; a path
 ending in ``.toml`` (or holding a ``/``) loads a user's file. Every key has a kind and a
 range in one table, ``PROFILE_FIELDS``; an unknown, missing (where required), mistyped or
 out-of-range key is an error naming the file and the key.
@@ -291,13 +291,13 @@ def _network(name: str, table: dict[str, Any]) -> NetworkProfile:
 
 def load_profile(name_or_path: str) -> tuple[MachineProfile, NetworkProfile]:
     """A shipped profile by name or a TOML file by path (read up to 1 MiB). PlanInputError
-    (field ``profile``) naming the file, and the key when one is bad."""
+    (field ``hardware``, plan's flag) naming the file, and the key when one is bad."""
     if name_or_path.endswith(".toml") or "/" in name_or_path:
-        text = read_user_text(Path(name_or_path), "profile", error=PlanInputError)
+        text = read_user_text(Path(name_or_path), "hardware", error=PlanInputError)
     else:
         if name_or_path not in builtin_profiles():
             raise PlanInputError(
-                "profile",
+                "hardware",
                 f"{name_or_path!r} is not a shipped profile "
                 f"({', '.join(builtin_profiles())}) nor a .toml path",
             )
@@ -307,7 +307,7 @@ def load_profile(name_or_path: str) -> tuple[MachineProfile, NetworkProfile]:
         data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
-        raise PlanInputError("profile", f"{where} is not valid TOML: {reason}") from None
+        raise PlanInputError("hardware", f"{where} is not valid TOML: {reason}") from None
     try:
         _check_keys(data, "profile", {"machine", "network", "sources"})
         for section in ("machine", "network"):
@@ -316,4 +316,4 @@ def load_profile(name_or_path: str) -> tuple[MachineProfile, NetworkProfile]:
         name = Path(name_or_path).stem
         return _machine(name, data["machine"]), _network(name, data["network"])
     except PlanInputError as exc:
-        raise PlanInputError("profile", f"{where}: {exc.field}: {exc.reason}") from None
+        raise PlanInputError("hardware", f"{where}: {exc.field}: {exc.reason}") from None
