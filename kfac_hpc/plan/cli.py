@@ -245,7 +245,9 @@ def _plan(**o: Any) -> None:
         click.echo(f"predictions of {count} run(s): {path} (kfac-hpc report {o['explain']})")
         return
     plot_path, sweep_path = _outputs(o)
-    planned = build_cost_model(o["model"], o["dataset"], o["hardware"], calibration, o["batch_size"])
+    planned = build_cost_model(
+        o["model"], o["dataset"], o["hardware"], calibration, o["batch_size"]
+    )
     predictions = predict_all(
         planned,
         methods,

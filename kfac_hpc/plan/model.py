@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 
 from kfac_hpc.comm.assignment import KAISAAssignment
 from kfac_hpc.contracts import PHASES
-from kfac_hpc.plan.alphabeta import AlphaBeta
-from kfac_hpc.plan.compute_costs import ComputeCosts
 from kfac_hpc.optim.options import KFACOptions
+from kfac_hpc.plan.compute_costs import ComputeCosts
 from kfac_hpc.plan.layers import LayerShape, ModelShape
 from kfac_hpc.plan.overhead import JobOverhead
 from kfac_hpc.plan.placement import nic_sharing, price_s
@@ -241,9 +240,7 @@ class CostModel:
         groups = self.kfac_collectives(cfg, assignment)
         inverse = [c for c in groups if c.phase == "inverse_comm"]
         if inverse:
-            phases["inverse_comm"] = (
-                lanes_s(self.network, inverse) + self._wait(p, max(eigh))
-            ) / i
+            phases["inverse_comm"] = (lanes_s(self.network, inverse) + self._wait(p, max(eigh))) / i
         rows = [0.0] * len(assignment.rows)
         for n, layer in enumerate(layers):
             rows[assignment.plan(f"{n}").row] += self.compute.precondition_s(layer)
@@ -281,7 +278,9 @@ class CostModel:
             for n, layer in enumerate(self.shape.layers):
                 root = assignment.grad_source(f"{n}", column[0])
                 nbytes = layer.grad_elements * _FLOAT_BYTES
-                out.append(GroupCollective("grad_broadcast", "broadcast", nbytes, column, root, lane))
+                out.append(
+                    GroupCollective("grad_broadcast", "broadcast", nbytes, column, root, lane)
+                )
         return out
 
     def _kfac_bytes_per_rank(self, assignment: KAISAAssignment, second_order: list[int]) -> float:

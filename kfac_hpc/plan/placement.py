@@ -69,7 +69,11 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 # backend -> collective -> the algorithms it chooses among (the fastest is taken)
 BACKENDS: dict[str, dict[str, tuple[str, ...]]] = {
     "nccl": {"allreduce": ("ring", "tree"), "broadcast": ("pipelined",), "reduce": ("pipelined",)},
-    "gloo": {"allreduce": ("ring", "binomial"), "broadcast": ("binomial",), "reduce": ("binomial",)},
+    "gloo": {
+        "allreduce": ("ring", "binomial"),
+        "broadcast": ("binomial",),
+        "reduce": ("binomial",),
+    },
 }
 
 
@@ -116,7 +120,9 @@ def _binomial_one_way(net: NetworkProfile, nbytes: float, where: Span) -> float:
     return across + inside
 
 
-def algorithm_s(net: NetworkProfile, kind: str, algorithm: str, nbytes: float, where: Span) -> float:
+def algorithm_s(
+    net: NetworkProfile, kind: str, algorithm: str, nbytes: float, where: Span
+) -> float:
     """Seconds of one ``kind`` collective of ``nbytes`` run with ``algorithm`` over ``where``
     (the module's formulas); 0 for one member."""
     p = where.ranks

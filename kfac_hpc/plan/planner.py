@@ -45,7 +45,8 @@ def build_cost_model(
         )
         return Planned(
             CostModel(shape, RatedCompute(machine, shape), network, host),
-            f"profile {profile}: {machine.name}, {network.ranks_per_node} ranks/node",
+            f"hardware {profile}: {machine.name}, {network.ranks_per_node} ranks/node on "
+            f"{network.intra_link}, {network.nics} NIC(s)/node, {network.backend}",
             machine.memory_bytes or None,
         )
     from kfac_hpc.plan.calibrate import local_network

@@ -9,6 +9,7 @@ out-of-range key is an error naming the file and the key.
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from dataclasses import dataclass
@@ -217,6 +218,18 @@ def _values(
 _MAX_CURVE = 64  # points of machine.eigh_curve
 
 
+def _curve_point(pair: Any) -> bool:
+    """Whether ``pair`` is ``[n, seconds]``: n an integer in [1, 2**20], seconds in (0, 1e6]."""
+    if not (isinstance(pair, list) and len(pair) == 2):
+        return False
+    n, t = pair
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 2**20:
+        return False
+    if not isinstance(t, int | float) or isinstance(t, bool):
+        return False
+    return math.isfinite(t) and 0 < t <= 1e6
+
+
 def _curve(value: Any) -> tuple[tuple[int, float], ...]:
     """The checked ``machine.eigh_curve``: 2 to 64 ``[n, seconds]`` pairs, n ascending."""
     fix = f"must be 2 to {_MAX_CURVE} [n, seconds] pairs, n ascending integers, seconds > 0"
@@ -224,14 +237,10 @@ def _curve(value: Any) -> tuple[tuple[int, float], ...]:
         raise PlanInputError("machine.eigh_curve", fix)
     points = []
     for pair in value:
-        ok = isinstance(pair, list) and len(pair) == 2
-        n, t = pair if ok else (None, None)
-        ok = ok and isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 2**20
-        ok = ok and isinstance(t, int | float) and not isinstance(t, bool)
-        if not (ok and math.isfinite(t) and 0 < t <= 1e6):
+        if not _curve_point(pair):
             raise PlanInputError("machine.eigh_curve", f"{_short(pair)}: {fix}")
-        points.append((int(n), float(t)))
-    if any(b[0] <= a[0] for a, b in zip(points, points[1:])):
+        points.append((int(pair[0]), float(pair[1])))
+    if any(b[0] <= a[0] for a, b in itertools.pairwise(points)):
         raise PlanInputError("machine.eigh_curve", f"sizes are not ascending: {fix}")
     return tuple(points)
 
@@ -258,7 +267,9 @@ def _choice(table: dict[str, Any], section: str, key: str) -> str:
     values, default = PROFILE_CHOICES[f"{section}.{key}"]
     value = table.get(key, default)
     if value not in values:
-        raise PlanInputError(f"{section}.{key}", f"{_short(value)} must be one of {', '.join(values)}")
+        raise PlanInputError(
+            f"{section}.{key}", f"{_short(value)} must be one of {', '.join(values)}"
+        )
     return str(value)
 
 

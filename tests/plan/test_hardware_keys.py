@@ -71,7 +71,7 @@ def test_eigh_curve_interpolates_log_log_and_extends_its_end_segments(tmp_path: 
 )
 def test_a_bad_eigh_curve_is_refused(tmp_path: Path, curve: str) -> None:
     path = write_profile(tmp_path / "p.toml", {"machine": {"eigh_curve": curve}})
-    with pytest.raises(PlanInputError, match="machine.eigh_curve"):
+    with pytest.raises(PlanInputError, match=r"machine\.eigh_curve"):
         load_profile(str(path))
 
 
