@@ -25,6 +25,7 @@ from kfac_hpc.contracts.options import OPTIONS
 from kfac_hpc.plan.errors import PlanInputError, shown
 from kfac_hpc.plan.model import ALL_METHODS, METHODS
 from kfac_hpc.plan.profiles import PROFILE_FIELDS, builtin_profiles
+from kfac_hpc.plan.site import EIGH_SIZES
 
 __all__ = ["plan"]
 
@@ -140,7 +141,7 @@ def _outputs(o: dict[str, Any]) -> tuple[Path | None, Path | None]:
     return plot, sweep
 
 
-@click.command("plan")
+@click.group("plan", invoke_without_command=True)
 @_job_flag("model", " (cnn1d takes --dataset mnist1d)")
 @_job_flag("dataset", " (its input shape: no data files needed)")
 @_job_flag("batch_size")
@@ -207,7 +208,11 @@ def plan(**options: Any) -> None:
     """Predict step time per phase and memory per rank for each method and K-FAC strategy.
 
     Bad input is one line on stderr naming the flag, exit code 2, and nothing written.
+    ``kfac-hpc plan calibrate --out site.toml`` (inside an allocation) measures a hardware
+    profile for --hardware.
     """
+    if click.get_current_context().invoked_subcommand is not None:
+        return
     try:
         _plan(**options)
     except InputError as exc:
@@ -297,3 +302,39 @@ def _plan(**o: Any) -> None:
         click.echo(f"plot: {plot_path}")
     if sweep_path is not None:
         click.echo(f"sweep file: {sweep_path} (run: kfac-hpc sweep -f {sweep_path})")
+
+
+@plan.command("calibrate")
+@click.option(
+    "--out",
+    required=True,
+    metavar="FILE",
+    help="The hardware profile to write (TOML); its folder must exist; replaced atomically.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["nccl", "gloo"]),
+    default=None,
+    help="Process group backend [default: nccl with GPUs, else gloo].",
+)
+@click.option(
+    "--eigh-sizes",
+    default=",".join(map(str, EIGH_SIZES)),
+    show_default=True,
+    help=f"Eigendecomposition sizes n to time (2 to {MAX_CALIBRATION_COUNTS}, each <= 16384).",
+)
+@guard("plan calibrate", failures=((RuntimeError, "error: calibrating failed"),))
+def calibrate(out: str, backend: str | None, eigh_sizes: str) -> None:
+    """Measure this allocation's links (inside and between nodes), eigendecomposition and GEMM
+    rates, and write a hardware profile: run on every rank, e.g. ``srun -N 2
+    --ntasks-per-node 4 kfac-hpc plan calibrate --out site.toml``."""
+    from kfac_hpc.plan.files import check_output
+    from kfac_hpc.plan.site import calibrate_site
+
+    sizes = _int_list("--eigh-sizes", eigh_sizes, 2, 16384, MAX_CALIBRATION_COUNTS)
+    if len(sizes) < 2:
+        raise PlanInputError("--eigh-sizes", "give at least 2 sizes (the curve's two ends)")
+    path = check_output("--out", out)
+    text = calibrate_site(path, backend, tuple(sizes))
+    if text is not None:
+        click.echo(f"hardware profile: {path} (use: kfac-hpc plan --hardware {path})")
