@@ -4,6 +4,7 @@ are one line, exit 2, nothing measured."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from kfac_hpc.cli import main
 from kfac_hpc.plan.alphabeta import AlphaBeta
 from kfac_hpc.plan.profiles import load_profile
 from kfac_hpc.plan.site import profile_text
-from tests.helpers.launch import run_mpi
+from tests.helpers.launch import run_mpi, script_env
 
 
 def test_profile_text_round_trips_through_the_loader(tmp_path: Path) -> None:
@@ -89,3 +90,25 @@ def test_four_ranks_on_two_emulated_nodes_write_a_usable_profile(tmp_path: Path)
     )
     assert planned.exit_code == 0, planned.output
     assert "2 ranks/node" in planned.output
+
+
+@pytest.mark.slurm
+def test_srun_on_two_nodes_of_the_local_cluster_writes_a_profile(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    out = tmp_path / "site.toml"
+    argv = ["srun", "-N", "2", "--ntasks-per-node", "2", "--mpi=pmi2", "-t", "3"]
+    argv += [sys.executable, "-m", "kfac_hpc", "plan", "calibrate", "--out", str(out)]
+    argv += ["--backend", "gloo", "--eigh-sizes", "32,64"]
+    result = subprocess.run(
+        argv,
+        env=script_env({"OMP_NUM_THREADS": "1"}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = out.read_text()
+    assert "intra: not measured" not in text and "inter: not measured" not in text
+    _, net = load_profile(str(out))
+    assert net.ranks_per_node == 2 and net.backend == "gloo"  # 4 ranks on 2 nodes
