@@ -313,9 +313,10 @@ def _plan(**o: Any) -> None:
 )
 @click.option(
     "--backend",
-    type=click.Choice(["nccl", "gloo"]),
-    default=None,
-    help="Process group backend [default: nccl with GPUs, else gloo].",
+    type=click.Choice(list(OPTIONS["backend"].choices or ())),
+    default=OPTIONS["backend"].default,
+    show_default=True,
+    help=f"As kfac-hpc train's --backend: {OPTIONS['backend'].help}.",
 )
 @click.option(
     "--eigh-sizes",
@@ -324,7 +325,7 @@ def _plan(**o: Any) -> None:
     help=f"Eigendecomposition sizes n to time (2 to {MAX_CALIBRATION_COUNTS}, each <= 16384).",
 )
 @guard("plan calibrate", failures=((RuntimeError, "error: calibrating failed"),))
-def calibrate(out: str, backend: str | None, eigh_sizes: str) -> None:
+def calibrate(out: str, backend: str, eigh_sizes: str) -> None:
     """Measure this allocation's links (inside and between nodes), eigendecomposition and GEMM
     rates, and write a hardware profile: run on every rank, e.g. ``srun -N 2
     --ntasks-per-node 4 kfac-hpc plan calibrate --out site.toml``."""
@@ -335,6 +336,6 @@ def calibrate(out: str, backend: str | None, eigh_sizes: str) -> None:
     if len(sizes) < 2:
         raise PlanInputError("--eigh-sizes", "give at least 2 sizes (the curve's two ends)")
     path = check_output("--out", out)
-    text = calibrate_site(path, backend, tuple(sizes))
+    text = calibrate_site(path, None if backend == "auto" else backend, tuple(sizes))
     if text is not None:
         click.echo(f"hardware profile: {path} (use: kfac-hpc plan --hardware {path})")

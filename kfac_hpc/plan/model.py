@@ -2,10 +2,12 @@
 
 Phases are those of the timing contract (``kfac_hpc.contracts.phases``); K-FAC work done every
 ``factor_update_steps`` / ``inv_update_steps`` steps is amortized over its interval. The
-K-FAC layout follows KAISA: factors are allreduced over all ranks; each layer's
-eigendecomposition is computed by one rank (LPT-balanced) and broadcast to the layer's
-``W = grad_worker_fraction · P`` grad workers; when ``W < P`` the preconditioned gradient is
-broadcast from its grad worker to the ``P / W`` ranks of its row. See docs/plan.md.
+K-FAC layout is the preconditioner's own KAISA assignment (``kfac_hpc.comm.assignment``):
+factors are allreduced over all ranks; each layer's A and G are decomposed on its A and G
+workers and broadcast to its row of ``W = grad_worker_fraction · P`` grad workers; when
+``W < P`` its preconditioned gradient is broadcast from the row down each receiver column of
+``P / W`` ranks. Every collective is priced over its real members (placement.py). See
+docs/plan.md.
 """
 
 from __future__ import annotations
