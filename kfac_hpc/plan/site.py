@@ -80,7 +80,14 @@ def _pair_link(pair: tuple[int, int], device: torch.device) -> AlphaBeta | None:
             if round_:
                 times.append(time.perf_counter() - start)
         samples.append(("broadcast", 2, float(nbytes), statistics.fmean(times)))
-    return fit_alpha_beta(samples)
+    fit = fit_alpha_beta(samples)
+    if fit.beta_s_per_byte > 0:
+        return fit
+    # noise hid the bandwidth term (the fit clamped it to 0): the largest message's time
+    # beyond the latency, or all of it, bounds it
+    _, _, nbytes, seconds = samples[-1]
+    beyond = seconds - fit.alpha_s
+    return AlphaBeta(fit.alpha_s, (beyond if beyond > 0 else seconds) / nbytes)
 
 
 def _device_rates(device: torch.device, sizes: Sequence[int]) -> dict[str, object]:
