@@ -77,6 +77,14 @@ def _job_flag(field: str, note: str = "") -> Callable[[Callable[..., Any]], Call
     return click.option(flag, type=kind, default=plan_default(field), show_default=True, help=text)
 
 
+def _output_file(
+    flag: str, what: str, required: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A flag naming a file plan writes (atomically, into an existing folder)."""
+    text = f"{what}; its folder must exist; replaced atomically."
+    return click.option(flag, default=None, required=required, metavar="FILE", help=text)
+
+
 def _int_list(field: str, text: str, low: int, high: int, most: int) -> list[int]:
     try:
         values = [int(v) for v in text.split(",")]
@@ -175,18 +183,8 @@ def _outputs(o: dict[str, Any]) -> tuple[Path | None, Path | None]:
     show_default=True,
     help=f"Local gloo ranks (each 2..{MAX_CALIBRATION_RANKS}).",
 )
-@click.option(
-    "--plot",
-    default=None,
-    metavar="FILE",
-    help="Image of the curves (.png, .pdf or .svg); its folder must exist; replaced atomically.",
-)
-@click.option(
-    "--write-sweep",
-    default=None,
-    metavar="FILE",
-    help="Sweep TOML of the recommendation; its folder must exist; replaced atomically.",
-)
+@_output_file("--plot", "Image of the curves (.png, .pdf or .svg)")
+@_output_file("--write-sweep", "Sweep TOML of the recommendation")
 @click.option(
     "--ranks-per-node",
     type=int,
@@ -305,12 +303,7 @@ def _plan(**o: Any) -> None:
 
 
 @plan.command("calibrate")
-@click.option(
-    "--out",
-    required=True,
-    metavar="FILE",
-    help="The hardware profile to write (TOML); its folder must exist; replaced atomically.",
-)
+@_output_file("--out", "The hardware profile to write (TOML)", required=True)
 @click.option(
     "--backend",
     type=click.Choice(list(OPTIONS["backend"].choices or ())),

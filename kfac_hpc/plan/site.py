@@ -85,9 +85,9 @@ def _pair_link(pair: tuple[int, int], device: torch.device) -> AlphaBeta | None:
         return fit
     # noise hid the bandwidth term (the fit clamped it to 0): the largest message's time
     # beyond the latency, or all of it, bounds it
-    _, _, nbytes, seconds = samples[-1]
+    _, _, largest, seconds = samples[-1]
     beyond = seconds - fit.alpha_s
-    return AlphaBeta(fit.alpha_s, (beyond if beyond > 0 else seconds) / nbytes)
+    return AlphaBeta(fit.alpha_s, (beyond if beyond > 0 else seconds) / largest)
 
 
 def _device_rates(device: torch.device, sizes: Sequence[int]) -> dict[str, object]:
