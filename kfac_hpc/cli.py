@@ -75,5 +75,5 @@ def main() -> None:
       kfac-hpc train --run-dir RUN ...    one training run (under srun or mpiexec)
       kfac-hpc sweep --nodes 1,2,4 ...    a scaling sweep as Slurm job arrays
       kfac-hpc report SWEEP_DIR           tables and plots of a sweep
-      kfac-hpc plan --profile a100-hdr200 predicted step time per phase, P = 1 … 1,024
+      kfac-hpc plan --hardware v100-edr   predicted step time per phase, P = 1 … 1,024
     """

@@ -56,6 +56,6 @@ def test_wheel_holds_every_subpackage_and_the_templates(tmp_path: Path) -> None:
     for profile in ("local", "mpiexec", "mpirun"):
         assert f"kfac_hpc/site_profiles/{profile}.toml" in names
     assert not any(n.startswith("kfac_hpc/templates/") and n.endswith(".toml") for n in names)
-    assert "kfac_hpc/plan/profiles/a100-hdr200.toml" in names  # kfac-hpc plan --profile
+    assert "kfac_hpc/plan/profiles/a100-hdr200.toml" in names  # kfac-hpc plan --hardware
     assert "kfac_hpc/py.typed" in names
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)

@@ -206,5 +206,7 @@ def local_network(
         for kind in COLLECTIVES
     )
     sync = tuple((p, *fit_sync(rows, max(1.0, p / cores))) for p, rows in measured.items())
-    network = NetworkProfile("local-gloo", 1 << 20, link, link, at)
+    network = NetworkProfile(
+        "local-gloo", 1 << 20, link, link, at, backend="gloo", intra_link="shm"
+    )
     return network, sync, [row for rows in measured.values() for row in rows]

@@ -24,7 +24,8 @@ from kfac_hpc.contracts.option_values import check_value
 from kfac_hpc.contracts.options import OPTIONS
 from kfac_hpc.plan.errors import PlanInputError, check_planned, shown
 from kfac_hpc.plan.model import ALL_METHODS, METHODS
-from kfac_hpc.plan.profiles import PROFILE_FIELDS
+from kfac_hpc.plan.profiles import PROFILE_FIELDS, builtin_profiles
+from kfac_hpc.plan.site import EIGH_SIZES
 
 __all__ = ["plan"]
 
@@ -50,6 +51,11 @@ _JOB_OPTIONS = {
 }
 _RANKS_PER_NODE = next(f for f in PROFILE_FIELDS if f.name == "network.ranks_per_node")
 _PLOT_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
+# plan's hardware profile was --profile, the word the sweep uses for its site profile
+_OLD_PROFILE = (
+    "is the sweep's site profile (kfac-hpc sweep --profile); plan's hardware profile is "
+    "--hardware NAME|PATH.toml"
+)
 
 
 def plan_default(field: str) -> Any:
@@ -69,6 +75,14 @@ def _job_flag(field: str, note: str = "") -> Callable[[Callable[..., Any]], Call
     kind = {"int": int, "float": float}.get(option.kind, str)
     flag = "--" + field.replace("_", "-")
     return click.option(flag, type=kind, default=plan_default(field), show_default=True, help=text)
+
+
+def _output_file(
+    flag: str, what: str, required: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A flag naming a file plan writes (atomically, into an existing folder)."""
+    text = f"{what}; its folder must exist; replaced atomically."
+    return click.option(flag, default=None, required=required, metavar="FILE", help=text)
 
 
 def _int_list(field: str, text: str, low: int, high: int, most: int) -> list[int]:
@@ -136,7 +150,7 @@ def _outputs(o: dict[str, Any]) -> tuple[Path | None, Path | None]:
     return plot, sweep
 
 
-@click.command("plan")
+@click.group("plan", invoke_without_command=True)
 @_job_flag("model", " (cnn1d takes --dataset mnist1d)")
 @_job_flag("dataset", " (its input shape: no data files needed)")
 @_job_flag("batch_size")
@@ -156,29 +170,22 @@ def _outputs(o: dict[str, Any]) -> tuple[Path | None, Path | None]:
 @_job_flag("inv_update_steps")
 @_job_flag("bucket_mb")
 @click.option(
-    "--profile",
+    "--hardware",
     default=None,
-    help="Machine+network profile: shipped name (a100-hdr200) or PATH.toml "
+    help="Hardware profile (devices, nodes, NICs, links): shipped name ("
+    + ", ".join(builtin_profiles())
+    + ") or PATH.toml, e.g. one written by kfac-hpc plan calibrate "
     "[default: measure this machine, on synthetic input of the dataset's shape].",
 )
+@click.option("--profile", "old_profile", default=None, hidden=True)
 @click.option(
     "--calibration-ranks",
     default="2,4",
     show_default=True,
     help=f"Local gloo ranks (each 2..{MAX_CALIBRATION_RANKS}).",
 )
-@click.option(
-    "--plot",
-    default=None,
-    metavar="FILE",
-    help="Image of the curves (.png, .pdf or .svg); its folder must exist; replaced atomically.",
-)
-@click.option(
-    "--write-sweep",
-    default=None,
-    metavar="FILE",
-    help="Sweep TOML of the recommendation; its folder must exist; replaced atomically.",
-)
+@_output_file("--plot", "Image of the curves (.png, .pdf or .svg)")
+@_output_file("--write-sweep", "Sweep TOML of the recommendation")
 @click.option(
     "--ranks-per-node",
     type=int,
@@ -200,7 +207,11 @@ def plan(**options: Any) -> None:
     """Predict step time per phase and memory per rank for each method and K-FAC strategy.
 
     Bad input is one line on stderr naming the flag, exit code 2, and nothing written.
+    ``kfac-hpc plan calibrate --out site.toml`` (inside an allocation) measures a hardware
+    profile for --hardware.
     """
+    if click.get_current_context().invoked_subcommand is not None:
+        return
     try:
         _plan(**options)
     except InputError as exc:
@@ -210,6 +221,9 @@ def plan(**options: Any) -> None:
 
 def _plan(**o: Any) -> None:
     from kfac_hpc.plan.files import write_atomic
+
+    if o["old_profile"] is not None:
+        raise PlanInputError("--profile", _OLD_PROFILE)
     from kfac_hpc.plan.output import best_by_ranks, plot_bytes, sweep_toml, table_lines
     from kfac_hpc.plan.planner import build_cost_model, predict_all
 
@@ -231,11 +245,13 @@ def _plan(**o: Any) -> None:
                 raise PlanInputError(field, "does not apply with --explain; leave it out")
         if not o["explain"].is_dir():
             raise PlanInputError("explain", f"{shown(str(o['explain']))} is not a directory")
-        path, count = explain_sweep(o["explain"], o["profile"], calibration)
+        path, count = explain_sweep(o["explain"], o["hardware"], calibration)
         click.echo(f"predictions of {count} run(s): {path} (kfac-hpc report {o['explain']})")
         return
     plot_path, sweep_path = _outputs(o)
-    planned = build_cost_model(o["model"], o["dataset"], o["profile"], calibration, o["batch_size"])
+    planned = build_cost_model(
+        o["model"], o["dataset"], o["hardware"], calibration, o["batch_size"]
+    )
     predictions = predict_all(
         planned,
         methods,
@@ -285,3 +301,35 @@ def _plan(**o: Any) -> None:
         click.echo(f"plot: {plot_path}")
     if sweep_path is not None:
         click.echo(f"sweep file: {sweep_path} (run: kfac-hpc sweep -f {sweep_path})")
+
+
+@plan.command("calibrate")
+@_output_file("--out", "The hardware profile to write (TOML)", required=True)
+@click.option(
+    "--backend",
+    type=click.Choice(list(OPTIONS["backend"].choices or ())),
+    default=OPTIONS["backend"].default,
+    show_default=True,
+    help=f"As kfac-hpc train's --backend: {OPTIONS['backend'].help}.",
+)
+@click.option(
+    "--eigh-sizes",
+    default=",".join(map(str, EIGH_SIZES)),
+    show_default=True,
+    help=f"Eigendecomposition sizes n to time (2 to {MAX_CALIBRATION_COUNTS}, each <= 16384).",
+)
+@guard("plan calibrate", failures=((RuntimeError, "error: calibrating failed"),))
+def calibrate(out: str, backend: str, eigh_sizes: str) -> None:
+    """Measure this allocation's links (inside and between nodes), eigendecomposition and GEMM
+    rates, and write a hardware profile: run on every rank, e.g. ``srun -N 2
+    --ntasks-per-node 4 kfac-hpc plan calibrate --out site.toml``."""
+    from kfac_hpc.plan.files import check_output
+    from kfac_hpc.plan.site import calibrate_site
+
+    sizes = _int_list("--eigh-sizes", eigh_sizes, 2, 16384, MAX_CALIBRATION_COUNTS)
+    if len(sizes) < 2:
+        raise PlanInputError("--eigh-sizes", "give at least 2 sizes (the curve's two ends)")
+    path = check_output("--out", out)
+    text = calibrate_site(path, None if backend == "auto" else backend, tuple(sizes))
+    if text is not None:
+        click.echo(f"hardware profile: {path} (use: kfac-hpc plan --hardware {path})")

@@ -25,12 +25,7 @@ from kfac_hpc.train.config import TrainConfig
 from kfac_hpc.train.models import build_model
 from kfac_hpc.train.optimizers import make_optimizer
 
-__all__ = ["ComputeCosts", "MeasuredCompute", "RatedCompute", "eigh_flops"]
-
-
-def eigh_flops(n: int) -> float:
-    """A symmetric eigendecomposition with eigenvectors: ≈ 9 n³ FLOPs (Golub & Van Loan)."""
-    return 9.0 * n**3
+__all__ = ["ComputeCosts", "MeasuredCompute", "RatedCompute"]
 
 
 class ComputeCosts(Protocol):
@@ -67,7 +62,7 @@ class RatedCompute:
         )
 
     def eigh_s(self, n: int) -> float:
-        return eigh_flops(n) / self.machine.eigh_flops_per_s + self.machine.kernel_overhead_s
+        return self.machine.eigh_s(n)
 
     def layer_eigh_s(self, layer: LayerShape) -> float:
         return (self.eigh_s(layer.n_a) + self.eigh_s(layer.n_g)) * layer.groups

@@ -2,10 +2,12 @@
 
 Phases are those of the timing contract (``kfac_hpc.contracts.phases``); K-FAC work done every
 ``factor_update_steps`` / ``inv_update_steps`` steps is amortized over its interval. The
-K-FAC layout follows KAISA: factors are allreduced over all ranks; each layer's
-eigendecomposition is computed by one rank (LPT-balanced) and broadcast to the layer's
-``W = grad_worker_fraction · P`` grad workers; when ``W < P`` the preconditioned gradient is
-broadcast from its grad worker to the ``P / W`` ranks of its row. See docs/plan.md.
+K-FAC layout is the preconditioner's own KAISA assignment (``kfac_hpc.comm.assignment``):
+factors are allreduced over all ranks; each layer's A and G are decomposed on its A and G
+workers and broadcast to its row of ``W = grad_worker_fraction · P`` grad workers; when
+``W < P`` its preconditioned gradient is broadcast from the row down each receiver column of
+``P / W`` ranks. Every collective is priced over its real members (placement.py). See
+docs/plan.md.
 """
 
 from __future__ import annotations
@@ -13,22 +15,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kfac_hpc.comm.assignment import KAISAAssignment, lpt_schedule
+from kfac_hpc.comm.assignment import KAISAAssignment
 from kfac_hpc.contracts import PHASES
-from kfac_hpc.plan.alphabeta import AlphaBeta
+from kfac_hpc.optim.options import KFACOptions
 from kfac_hpc.plan.compute_costs import ComputeCosts
-from kfac_hpc.plan.layers import ModelShape
+from kfac_hpc.plan.layers import LayerShape, ModelShape
 from kfac_hpc.plan.overhead import JobOverhead
+from kfac_hpc.plan.placement import nic_sharing, price_s
 from kfac_hpc.plan.profiles import NetworkProfile
 
 __all__ = [
     "ALL_METHODS",
     "METHODS",
     "CostModel",
+    "GroupCollective",
     "Host",
     "PlanConfig",
     "Prediction",
     "collective_s",
+    "kfac_assignment",
+    "lanes_s",
 ]
 
 METHODS = ("sgd", "kfac-comm-opt", "kfac-hybrid-opt", "kfac-mem-opt")
@@ -53,6 +59,7 @@ class PlanConfig:
     fosi_l: int = 0
     ese_every: int = 100
     lanczos_iters: int | None = None
+    grad_worker_fraction: float | None = None  # None: the strategy's (comm-opt 1, ...)
 
     @property
     def kfac(self) -> bool:
@@ -95,39 +102,42 @@ class Host:
     # (ranks, a, b): a collective after T s of compute waits max(0, a + b·T) beyond the
     # compute's contended time and its own α-β time
     sync: tuple[tuple[int, float, float], ...] = ()
-
-
-def _on_link(link: AlphaBeta, kind: str, nbytes: float, ranks: int) -> float:
-    """One collective on one kind of link; an allreduce takes the faster of a ring and a tree
-    (reduce then broadcast), as NCCL chooses between its ring and tree algorithms."""
-    if kind != "allreduce":
-        return link.time_s(kind, nbytes, ranks)
-    tree = link.time_s("reduce", nbytes, ranks) + link.time_s("broadcast", nbytes, ranks)
-    return min(link.time_s("allreduce", nbytes, ranks), tree)
-
-
-def _inside(net: NetworkProfile, kind: str, nbytes: float, ranks: int) -> float:
-    """One collective inside a node: the fit measured for it at ``ranks`` if there is one."""
-    measured = net.measured_link(ranks, kind)
-    if measured is not None:
-        return measured.time_s(kind, nbytes, ranks)
-    return _on_link(net.intra, kind, nbytes, ranks)
+    # the straggler model: each rank's compute between two collectives varies with this
+    # coefficient of variation (independent, normal); the collective waits for the slowest
+    compute_cv: float = 0.0
 
 
 def collective_s(net: NetworkProfile, kind: str, nbytes: float, ranks: int) -> float:
-    """One collective over ``ranks`` ranks packed ``net.ranks_per_node`` to a node:
-    allreduce = inside the node + across nodes on 1/L of the data per rank's NIC
-    (hierarchical, rail-aligned); broadcast/reduce = tree across nodes, then inside."""
-    if ranks <= 1:
-        return 0.0
-    local = min(ranks, net.ranks_per_node)
-    nodes = math.ceil(ranks / local)
-    if nodes == 1:
-        return _inside(net, kind, nbytes, ranks)
-    if kind == "allreduce":
-        inside = _inside(net, kind, nbytes, local)
-        return inside + _on_link(net.inter, kind, nbytes / local, nodes)
-    return _on_link(net.inter, kind, nbytes, nodes) + _inside(net, kind, nbytes, local)
+    """One collective over ranks 0 … ``ranks``−1, placed ``net.ranks_per_node`` to a node
+    (placement.py: the algorithm the backend picks for that size and span)."""
+    return price_s(net, kind, nbytes, range(ranks))
+
+
+@dataclass(frozen=True)
+class GroupCollective:
+    """One collective of a K-FAC phase over the members the KAISA assignment gives it:
+    ``kind`` of ``nbytes`` from ``root`` over ``members``. Collectives of one ``lane`` (one
+    grad-worker row or receiver column) run one after another; lanes run at the same time."""
+
+    phase: str
+    kind: str
+    nbytes: float
+    members: tuple[int, ...]
+    root: int
+    lane: int
+
+
+def lanes_s(net: NetworkProfile, collectives: list[GroupCollective]) -> float:
+    """The slowest lane's total: each collective priced on its members, with the NICs of a
+    node shared by the lanes that cross nodes from it."""
+    groups = {c.lane: c.members for c in collectives}
+    sharing = nic_sharing(net, list(groups.values()))
+    totals: dict[int, float] = {}
+    for c in collectives:
+        totals[c.lane] = totals.get(c.lane, 0.0) + price_s(
+            net, c.kind, c.nbytes, c.members, sharing
+        )
+    return max(totals.values(), default=0.0)
 
 
 def bucketed_allreduce_s(net: NetworkProfile, nbytes: float, ranks: int, bucket_mb: float) -> float:
@@ -158,12 +168,17 @@ class CostModel:
         return max(1.0, on_node * self.host.threads_per_rank / self.host.cores_per_node)
 
     def _wait(self, ranks: int, work_s: float) -> float:
-        """The wait of a collective over ``ranks`` after ``work_s`` of (uncontended) compute."""
-        fits = [fit for fit in self.host.sync if fit[0] <= ranks]
-        if ranks <= 1 or not fits:
+        """The wait of a collective over ``ranks`` after ``work_s`` of (uncontended) compute:
+        the measured sync fit, plus the straggler model's wait for the slowest rank, the
+        expected maximum of ``ranks`` normal deviates, ``cv · work_s · √(2 ln P)``."""
+        if ranks <= 1:
             return 0.0
+        slowest = self.host.compute_cv * work_s * math.sqrt(2 * math.log(ranks))
+        fits = [fit for fit in self.host.sync if fit[0] <= ranks]
+        if not fits:
+            return slowest
         _, a, b = max(fits)
-        return max(0.0, a + b * work_s)
+        return max(0.0, a + b * work_s) + slowest
 
     def predict(self, cfg: PlanConfig) -> Prediction:
         phases = dict.fromkeys(PHASES, 0.0)
@@ -203,13 +218,7 @@ class CostModel:
     def _kfac(self, cfg: PlanConfig, phases: dict[str, float], slow: float) -> float:
         """Fill the K-FAC phases; return the K-FAC bytes per rank."""
         layers, p = self.shape.layers, cfg.ranks
-        assert cfg.strategy is not None
-        assignment = KAISAAssignment(
-            {f"{n}": (layer.n_a, layer.n_g, layer.groups) for n, layer in enumerate(layers)},
-            p,
-            cfg.strategy,
-        )
-        workers = assignment.grad_worker_count
+        assignment = kfac_assignment(self.shape, cfg)
         f, i = cfg.factor_update_steps, cfg.inv_update_steps
         factor_bytes = sum(layer.factor_elements for layer in layers) * _FLOAT_BYTES
         factors = sum(self.compute.factor_s(layer, cfg.local_batch) for layer in layers)
@@ -220,29 +229,61 @@ class CostModel:
             bucketed_allreduce_s(self.network, factor_bytes, p, cfg.bucket_mb)
             + self._wait(p, factors)
         ) / f
-        eigh = _max_load([self.compute.layer_eigh_s(layer) for layer in layers], p)
-        phases["inverse_compute"] = slow * eigh / i
-        second_order = [
-            (layer.n_a**2 + layer.n_g**2 + layer.n_a * layer.n_g) * layer.groups * _FLOAT_BYTES
-            for layer in layers
-        ]
-        if workers > 1:
-            broadcasts = sum(
-                collective_s(self.network, "broadcast", b, workers) for b in second_order
-            )
-            phases["inverse_comm"] = ((workers / p) * broadcasts + self._wait(p, eigh)) / i
-        precondition = _max_load(
-            [self.compute.precondition_s(layer) for layer in layers], p // workers
-        )
-        phases["precondition"] = slow * precondition
-        if workers < p:
-            phases["grad_broadcast"] = sum(
-                collective_s(
-                    self.network, "broadcast", layer.grad_elements * _FLOAT_BYTES, p // workers
-                )
-                for layer in layers
-            ) + self._wait(p, precondition)
+        # each rank decomposes the factors the assignment gives it; the busiest sets the phase
+        eigh = [0.0] * p
+        for n, layer in enumerate(layers):
+            plan = assignment.plan(f"{n}")
+            both = self.compute.layer_eigh_s(layer)
+            a_part = self.compute.eigh_s(layer.n_a)
+            a_share = a_part / (a_part + self.compute.eigh_s(layer.n_g))
+            eigh[plan.a_worker] += both * a_share
+            eigh[plan.g_worker] += both * (1 - a_share)
+        phases["inverse_compute"] = slow * max(eigh) / i
+        groups = self.kfac_collectives(cfg, assignment)
+        inverse = [c for c in groups if c.phase == "inverse_comm"]
+        if inverse:
+            phases["inverse_comm"] = (lanes_s(self.network, inverse) + self._wait(p, max(eigh))) / i
+        rows = [0.0] * len(assignment.rows)
+        for n, layer in enumerate(layers):
+            rows[assignment.plan(f"{n}").row] += self.compute.precondition_s(layer)
+        phases["precondition"] = slow * max(rows)
+        grads = [c for c in groups if c.phase == "grad_broadcast"]
+        if grads:
+            phases["grad_broadcast"] = lanes_s(self.network, grads) + self._wait(p, max(rows))
+        second_order = [_second_order_bytes(layer) for layer in layers]
         return self._kfac_bytes_per_rank(assignment, second_order)
+
+    def kfac_collectives(
+        self, cfg: PlanConfig, assignment: KAISAAssignment | None = None
+    ) -> list[GroupCollective]:
+        """The broadcasts K-FAC runs over groups smaller than the world, as the assignment
+        (the preconditioner's own) places them: each layer's second-order data from its
+        A and G workers to its grad-worker row (``inverse_comm``; one lane per row) and its
+        preconditioned gradient from the row's member in each receiver column down the
+        column (``grad_broadcast``; one lane per column)."""
+        assignment = assignment or kfac_assignment(self.shape, cfg)
+        out: list[GroupCollective] = []
+        for n, layer in enumerate(self.shape.layers):
+            plan = assignment.plan(f"{n}")
+            if len(plan.grad_workers) > 1:
+                a_bytes = layer.n_a**2 * layer.groups * _FLOAT_BYTES
+                g_bytes = _second_order_bytes(layer) - a_bytes
+                for root, nbytes in ((plan.a_worker, a_bytes), (plan.g_worker, g_bytes)):
+                    out.append(
+                        GroupCollective(
+                            "inverse_comm", "broadcast", nbytes, plan.grad_workers, root, plan.row
+                        )
+                    )
+        for lane, column in enumerate(assignment.columns):
+            if len(column) == 1:
+                continue
+            for n, layer in enumerate(self.shape.layers):
+                root = assignment.grad_source(f"{n}", column[0])
+                nbytes = layer.grad_elements * _FLOAT_BYTES
+                out.append(
+                    GroupCollective("grad_broadcast", "broadcast", nbytes, column, root, lane)
+                )
+        return out
 
     def _kfac_bytes_per_rank(self, assignment: KAISAAssignment, second_order: list[int]) -> float:
         """The K-FAC bytes of the fullest rank under the preconditioner's own KAISA
@@ -299,8 +340,22 @@ class CostModel:
         return 5 * 4 * self.shape.params / seconds if seconds > 0 else float("inf")
 
 
-def _max_load(costs: list[float], bins: int) -> float:
-    """The busiest bin's total when ``costs`` are spread over ``bins`` by LPT."""
-    loads = [0.0] * max(1, bins)
-    lpt_schedule(costs, len(loads), loads)
-    return max(loads)
+def kfac_assignment(shape: ModelShape, cfg: PlanConfig) -> KAISAAssignment:
+    """The preconditioner's KAISA assignment of ``shape``'s layers (keyed by their index, in
+    registration order) at ``cfg``'s ranks and grad-worker fraction, under the
+    preconditioner's default assignment options."""
+    assert cfg.strategy is not None
+    fraction = cfg.strategy if cfg.grad_worker_fraction is None else cfg.grad_worker_fraction
+    defaults = KFACOptions()
+    return KAISAAssignment(
+        {f"{n}": (layer.n_a, layer.n_g, layer.groups) for n, layer in enumerate(shape.layers)},
+        cfg.ranks,
+        fraction,
+        defaults.assignment_strategy,
+        defaults.colocate_factors,
+    )
+
+
+def _second_order_bytes(layer: LayerShape) -> int:
+    """Q_A, Q_G and the eigenvalue outer product of one layer (what its row receives)."""
+    return (layer.n_a**2 + layer.n_g**2 + layer.n_a * layer.n_g) * layer.groups * _FLOAT_BYTES

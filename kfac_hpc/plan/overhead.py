@@ -65,13 +65,13 @@ def measure_job_overhead(dataset: str, batch: int) -> JobOverhead:
         except subprocess.TimeoutExpired:
             raise RuntimeError(
                 f"measuring the job's overhead with a 1-rank {measured} run took over "
-                f"{_TIMEOUT_S} s; use --profile"
+                f"{_TIMEOUT_S} s; use --hardware"
             ) from None
         if out.returncode != 0:
             tail = (out.stderr.strip().splitlines() or ["?"])[-1]
             raise RuntimeError(
                 f"measuring the job's overhead with a 1-rank {measured} run failed ({tail}); "
-                "use --profile"
+                "use --hardware"
             )
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     windows = [w for w in map(json.loads, lines) if w.get("kind") == "train"][1:]

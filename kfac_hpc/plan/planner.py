@@ -40,11 +40,13 @@ def build_cost_model(
         host = Host(
             machine.cores_per_node,
             machine.threads_per_rank,
-            JobOverhead(step_s=machine.step_overhead_s),
+            JobOverhead(machine.data_s_per_sample, machine.step_overhead_s),
+            compute_cv=machine.compute_cv,
         )
         return Planned(
             CostModel(shape, RatedCompute(machine, shape), network, host),
-            f"profile {profile}: {machine.name}, {network.ranks_per_node} ranks/node",
+            f"hardware {profile}: {machine.name}, {network.ranks_per_node} ranks/node on "
+            f"{network.intra_link}, {network.nics} NIC(s)/node, {network.backend}",
             machine.memory_bytes or None,
         )
     from kfac_hpc.plan.calibrate import local_network

@@ -1,7 +1,7 @@
 """Machine and network profiles: the hardware rates the cost model turns work into time with.
 
 A profile is a TOML file with a ``[machine]`` and a ``[network]`` table (and free-text
-``[sources]``). ``--profile NAME`` loads one shipped in ``kfac_hpc/plan/profiles/``; a path
+``[sources]``). ``--hardware NAME`` loads one shipped in ``kfac_hpc/plan/profiles/``; a path
 ending in ``.toml`` (or holding a ``/``) loads a user's file. Every key has a kind and a
 range in one table, ``PROFILE_FIELDS``; an unknown, missing (where required), mistyped or
 out-of-range key is an error naming the file and the key.
@@ -9,6 +9,7 @@ out-of-range key is an error naming the file and the key.
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 from kfac_hpc.contracts.textfile import read_user_text
 from kfac_hpc.plan.alphabeta import AlphaBeta
 from kfac_hpc.plan.errors import PlanInputError, shown
+from kfac_hpc.plan.placement import ALGORITHMS, BACKENDS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,6 +37,11 @@ __all__ = [
 ]
 
 
+def eigh_flops(n: int) -> float:
+    """A symmetric eigendecomposition with eigenvectors: ≈ 9 n³ FLOPs (Golub & Van Loan)."""
+    return 9.0 * n**3
+
+
 @dataclass(frozen=True)
 class MachineProfile:
     """One device's rates. FLOP rates are sustained (not peak) FP32 rates.
@@ -44,6 +51,10 @@ class MachineProfile:
     ``cores_per_node`` (0: as many as ranks need) and ``threads_per_rank``: ranks on a node
     that need more cores than it has share them, and their compute slows down by the ratio.
     ``step_overhead_s``: the job's time per step outside every phase (its bookkeeping).
+    ``eigh_curve``: measured seconds of one eigendecomposition at sizes n, ascending (when
+    given, it replaces ``eigh_flops_per_s``: see :meth:`eigh_s`). ``data_s_per_sample``: the
+    data phase per sample of the local batch. ``compute_cv``: the straggler model, each rank's
+    compute between two collectives varying with this coefficient of variation.
     """
 
     name: str
@@ -55,11 +66,29 @@ class MachineProfile:
     cores_per_node: int = 0
     threads_per_rank: int = 1
     step_overhead_s: float = 0.0
+    data_s_per_sample: float = 0.0
+    compute_cv: float = 0.0
+    eigh_curve: tuple[tuple[int, float], ...] = ()
+
+    def eigh_s(self, n: int) -> float:
+        """Seconds of one eigendecomposition of size ``n``: log-log interpolation of
+        ``eigh_curve`` (its end segments' power laws beyond it), else 9 n³ FLOPs at
+        ``eigh_flops_per_s`` plus one kernel launch."""
+        curve = self.eigh_curve
+        if not curve:
+            return eigh_flops(n) / self.eigh_flops_per_s + self.kernel_overhead_s
+        index = next((i for i, (size, _) in enumerate(curve[1:-1], 1) if n <= size), len(curve) - 1)
+        (n0, t0), (n1, t1) = curve[index - 1], curve[index]
+        slope = math.log(t1 / t0) / math.log(n1 / n0)
+        return t0 * (n / n0) ** slope
 
 
 @dataclass(frozen=True)
 class NetworkProfile:
-    """Links inside a node (``intra``) and between nodes (``inter``, per rank's NIC).
+    """Ranks (GPUs) per node, their link inside a node (``intra``, of kind ``intra_link``)
+    and one NIC between nodes (``inter``); ``nics_per_node`` (0: one per rank) NICs a node's
+    ranks share; ``backend`` (``nccl``, ``gloo``) decides which algorithm each collective
+    runs, ``allreduce`` fixes one (``auto``: the backend's choice); see placement.py.
 
     ``measured``: ``(ranks, collective, α-β)`` fitted to one collective at one rank count on
     this machine; it gives the time of that collective over exactly that many ranks of one
@@ -71,6 +100,15 @@ class NetworkProfile:
     intra: AlphaBeta
     inter: AlphaBeta
     measured: tuple[tuple[int, str, AlphaBeta], ...] = ()
+    nics_per_node: int = 0
+    backend: str = "nccl"
+    allreduce: str = "auto"
+    intra_link: str = "nvlink"
+
+    @property
+    def nics(self) -> int:
+        """NICs per node (one per rank when ``nics_per_node`` is 0)."""
+        return self.nics_per_node or self.ranks_per_node
 
     def measured_link(self, ranks: int, collective: str) -> AlphaBeta | None:
         return next((ab for p, c, ab in self.measured if (p, c) == (ranks, collective)), None)
@@ -111,7 +149,10 @@ PROFILE_FIELDS: tuple[ProfileField, ...] = (
     ProfileField("machine", "cores_per_node", "int", 0, 65536, 0),
     ProfileField("machine", "threads_per_rank", "int", 1, 4096, 1),
     ProfileField("machine", "step_overhead_s", "float", 0.0, 60.0, 0.0, "s"),
+    ProfileField("machine", "data_s_per_sample", "float", 0.0, 60.0, 0.0, "s"),
+    ProfileField("machine", "compute_cv", "float", 0.0, 1.0, 0.0),
     ProfileField("network", "ranks_per_node", "int", 1, 1024),
+    ProfileField("network", "nics_per_node", "int", 0, 1024, 0),
     *(
         field
         for link in ("network.intra", "network.inter")
@@ -122,6 +163,12 @@ PROFILE_FIELDS: tuple[ProfileField, ...] = (
     ),
 )
 _DEVICE_CHARS = 100
+# a profile's text keys with a fixed set of values (table.key -> (values, default))
+PROFILE_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
+    "network.backend": (tuple(BACKENDS), "nccl"),
+    "network.allreduce": (("auto", *ALGORITHMS["allreduce"]), "auto"),
+    "network.intra.kind": (("nvlink", "pcie", "shm"), "nvlink"),
+}
 
 
 def _fmt(value: float) -> str:
@@ -168,8 +215,38 @@ def _values(
     return {f.key: _value(table, f) for f in mine}
 
 
+_MAX_CURVE = 64  # points of machine.eigh_curve
+
+
+def _curve_point(pair: Any) -> bool:
+    """Whether ``pair`` is ``[n, seconds]``: n an integer in [1, 2**20], seconds in (0, 1e6]."""
+    if not (isinstance(pair, list) and len(pair) == 2):
+        return False
+    n, t = pair
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 2**20:
+        return False
+    if not isinstance(t, int | float) or isinstance(t, bool):
+        return False
+    return math.isfinite(t) and 0 < t <= 1e6
+
+
+def _curve(value: Any) -> tuple[tuple[int, float], ...]:
+    """The checked ``machine.eigh_curve``: 2 to 64 ``[n, seconds]`` pairs, n ascending."""
+    fix = f"must be 2 to {_MAX_CURVE} [n, seconds] pairs, n ascending integers, seconds > 0"
+    if not isinstance(value, list) or not 2 <= len(value) <= _MAX_CURVE:
+        raise PlanInputError("machine.eigh_curve", fix)
+    points = []
+    for pair in value:
+        if not _curve_point(pair):
+            raise PlanInputError("machine.eigh_curve", f"{_short(pair)}: {fix}")
+        points.append((int(pair[0]), float(pair[1])))
+    if any(b[0] <= a[0] for a, b in itertools.pairwise(points)):
+        raise PlanInputError("machine.eigh_curve", f"sizes are not ascending: {fix}")
+    return tuple(points)
+
+
 def _machine(name: str, table: dict[str, Any]) -> MachineProfile:
-    values = _values(table, "machine", frozenset({"device"}))
+    values = _values(table, "machine", frozenset({"device", "eigh_curve"}))
     device = table.get("device", shown(name))
     if not isinstance(device, str) or not device.isprintable() or len(device) > _DEVICE_CHARS:
         raise PlanInputError(
@@ -181,35 +258,57 @@ def _machine(name: str, table: dict[str, Any]) -> MachineProfile:
             "machine.threads_per_rank",
             f"{threads} is more than cores_per_node ({cores}); at most the node's cores",
         )
-    return MachineProfile(device, **values)
+    curve = _curve(table["eigh_curve"]) if "eigh_curve" in table else ()
+    return MachineProfile(device, **values, eigh_curve=curve)
 
 
-def _link(table: Any, section: str) -> AlphaBeta:
+def _choice(table: dict[str, Any], section: str, key: str) -> str:
+    """The checked value of the text key ``section.key`` of PROFILE_CHOICES."""
+    values, default = PROFILE_CHOICES[f"{section}.{key}"]
+    value = table.get(key, default)
+    if value not in values:
+        raise PlanInputError(
+            f"{section}.{key}", f"{_short(value)} must be one of {', '.join(values)}"
+        )
+    return str(value)
+
+
+def _link(table: Any, section: str, extra: frozenset[str] = frozenset()) -> AlphaBeta:
     if not isinstance(table, dict):
         raise PlanInputError(section, "missing table (latency_s, bandwidth_bytes_per_s)")
-    values = _values(table, section)
+    values = _values(table, section, extra)
     return AlphaBeta(values["latency_s"], 1.0 / values["bandwidth_bytes_per_s"])
 
 
 def _network(name: str, table: dict[str, Any]) -> NetworkProfile:
-    _check_keys(table, "network", {"ranks_per_node", "intra", "inter"})
-    ranks = _values({k: v for k, v in table.items() if k == "ranks_per_node"}, "network")
-    intra, inter = (
-        _link(table.get("intra"), "network.intra"),
-        _link(table.get("inter"), "network.inter"),
+    keys = {"intra", "inter", "backend", "allreduce"}
+    scalars = {k: v for k, v in table.items() if k not in keys}
+    values = _values(scalars, "network", frozenset(keys))
+    intra_table = table.get("intra")
+    intra = _link(intra_table, "network.intra", frozenset({"kind"}))
+    inter = _link(table.get("inter"), "network.inter")
+    assert isinstance(intra_table, dict)
+    return NetworkProfile(
+        name,
+        values["ranks_per_node"],
+        intra,
+        inter,
+        nics_per_node=values["nics_per_node"],
+        backend=_choice(table, "network", "backend"),
+        allreduce=_choice(table, "network", "allreduce"),
+        intra_link=_choice(intra_table, "network.intra", "kind"),
     )
-    return NetworkProfile(name, ranks["ranks_per_node"], intra, inter)
 
 
 def load_profile(name_or_path: str) -> tuple[MachineProfile, NetworkProfile]:
     """A shipped profile by name or a TOML file by path (read up to 1 MiB). PlanInputError
-    (field ``profile``) naming the file, and the key when one is bad."""
+    (field ``hardware``, plan's flag) naming the file, and the key when one is bad."""
     if name_or_path.endswith(".toml") or "/" in name_or_path:
-        text = read_user_text(Path(name_or_path), "profile", error=PlanInputError)
+        text = read_user_text(Path(name_or_path), "hardware", error=PlanInputError)
     else:
         if name_or_path not in builtin_profiles():
             raise PlanInputError(
-                "profile",
+                "hardware",
                 f"{name_or_path!r} is not a shipped profile "
                 f"({', '.join(builtin_profiles())}) nor a .toml path",
             )
@@ -219,7 +318,7 @@ def load_profile(name_or_path: str) -> tuple[MachineProfile, NetworkProfile]:
         data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
-        raise PlanInputError("profile", f"{where} is not valid TOML: {reason}") from None
+        raise PlanInputError("hardware", f"{where} is not valid TOML: {reason}") from None
     try:
         _check_keys(data, "profile", {"machine", "network", "sources"})
         for section in ("machine", "network"):
@@ -228,4 +327,4 @@ def load_profile(name_or_path: str) -> tuple[MachineProfile, NetworkProfile]:
         name = Path(name_or_path).stem
         return _machine(name, data["machine"]), _network(name, data["network"])
     except PlanInputError as exc:
-        raise PlanInputError("profile", f"{where}: {exc.field}: {exc.reason}") from None
+        raise PlanInputError("hardware", f"{where}: {exc.field}: {exc.reason}") from None

@@ -1,5 +1,5 @@
 """The α-β model: step counts of each collective, the fit on synthetic timings of known α, β,
-and the two-level (node, network) composition."""
+and the bucketed allreduce (placement: test_placement.py)."""
 
 from __future__ import annotations
 
@@ -70,21 +70,6 @@ def test_fit_needs_two_usable_samples() -> None:
         fit_alpha_beta([("allreduce", 1, 1e6, 1e-3), ("allreduce", 2, 1e6, 1e-3)])
 
 
-def test_two_level_allreduce_and_tree_broadcast() -> None:
-    intra, inter = AlphaBeta(1e-6, 1 / 200e9), AlphaBeta(10e-6, 1 / 20e9)
-    net = NetworkProfile("t", 8, intra, inter)
-    n = 64e6
-    # inside one node: a plain ring over the node's ranks
-    assert collective_s(net, "allreduce", n, 8) == pytest.approx(14 * 1e-6 + 1.75 * n / 200e9)
-    # 32 ranks = 4 nodes of 8: ring inside the node, then a ring of 4 over n/8 bytes per NIC
-    expected = (14 * 1e-6 + 1.75 * n / 200e9) + (6 * 10e-6 + 1.5 * (n / 8) / 20e9)
-    assert collective_s(net, "allreduce", n, 32) == pytest.approx(expected)
-    # broadcast: tree across the 4 nodes (2 rounds), then inside the node (3 rounds)
-    expected = 2 * (10e-6 + n / 20e9) + 3 * (1e-6 + n / 200e9)
-    assert collective_s(net, "broadcast", n, 32) == pytest.approx(expected)
-    assert collective_s(net, "allreduce", n, 1) == 0.0
-
-
 def test_buckets_pay_one_latency_each() -> None:
     link = AlphaBeta(1e-3, 0.0)
     net = NetworkProfile("t", 64, link, link)
@@ -92,9 +77,9 @@ def test_buckets_pay_one_latency_each() -> None:
     assert bucketed_allreduce_s(net, 60 * 2**20, 2, 25.0) == pytest.approx(3 * 2 * 1e-3)
 
 
-def test_small_allreduce_at_large_p_takes_the_tree() -> None:
+def test_small_gloo_allreduce_at_large_p_takes_the_binomial_trees() -> None:
     link = AlphaBeta(10e-6, 1 / 20e9)
-    net = NetworkProfile("t", 1 << 20, link, link)
+    net = NetworkProfile("t", 1 << 20, link, link, backend="gloo")
     small, large = 4e3, 1e9
     tree = 2 * 10 * (10e-6 + small / 20e9)  # reduce + broadcast, ceil(log2 1024) = 10 rounds
     assert collective_s(net, "allreduce", small, 1024) == pytest.approx(tree)

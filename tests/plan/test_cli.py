@@ -10,7 +10,7 @@ import pytest
 from kfac_hpc.sweep.spec import expand_points, load_spec
 from tests.helpers.sweeps import cli
 
-PROFILE = ["--profile", "a100-hdr200", "--model", "resnet20", "--dataset", "cifar10"]
+PROFILE = ["--hardware", "a100-hdr200", "--model", "resnet20", "--dataset", "cifar10"]
 
 
 def test_profile_table_plot_and_sweep_file(tmp_path: Path) -> None:
@@ -85,14 +85,14 @@ def _bad_profile(tmp_path: Path) -> str:
         (["--model", "vgg"], "--model:"),
         (["--batch-size", "100", "--ranks", "1,8"], "--batch-size:"),
         (["--bucket-mb", "0"], "--bucket-mb:"),
-        (["--profile", "h100-nowhere"], "--profile:"),
-        (["--profile", "BAD"], "--profile:"),
+        (["--hardware", "h100-nowhere"], "--hardware:"),
+        (["--hardware", "BAD"], "--hardware:"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path: Path, args, field) -> None:
     args = [_bad_profile(tmp_path) if a == "BAD" else a for a in args]
-    if "--profile" not in args:
-        args = ["--profile", "a100-hdr200", *args]
+    if "--hardware" not in args:
+        args = ["--hardware", "a100-hdr200", *args]
     sweep = tmp_path / "never.toml"
     out = cli("plan", *args, "--write-sweep", str(sweep))
     assert out.returncode == 2, out.stdout + out.stderr

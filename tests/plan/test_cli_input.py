@@ -21,7 +21,7 @@ from kfac_hpc.plan.overhead import overhead_dataset
 from kfac_hpc.plan.profiles import PROFILE_FIELDS, NetworkProfile, load_profile
 from kfac_hpc.train.config import TrainConfig
 
-CHEAP = ["--profile", "a100-hdr200", "--model", "mlp", "--dataset", "digits", "--ranks", "1,2"]
+CHEAP = ["--hardware", "a100-hdr200", "--model", "mlp", "--dataset", "digits", "--ranks", "1,2"]
 GOOD_PROFILE = {
     "machine": {
         "gemm_flops_per_s": "1e12",
@@ -143,7 +143,7 @@ def test_every_model_and_dataset_plans_or_is_refused_in_one_line(model: str, dat
     ],
 )
 def test_cnn1d_and_mnist1d(args: list[str], ok: bool) -> None:
-    result = plan("--profile", "a100-hdr200", "--ranks", "1,2,4", *args)
+    result = plan("--hardware", "a100-hdr200", "--ranks", "1,2,4", *args)
     if ok:
         assert result.exit_code == 0, result.stderr
         rows = [line.split() for line in result.stdout.splitlines() if line.strip()[:1].isdigit()]
@@ -169,7 +169,7 @@ def test_cnn1d_and_mnist1d(args: list[str], ok: bool) -> None:
 def test_unreadable_profile_is_one_line(tmp_path: Path, content: bytes, words: tuple) -> None:
     path = tmp_path / "p.toml"
     path.write_bytes(content)
-    assert_bad(plan("--profile", str(path)), "--profile", str(path), *words)
+    assert_bad(plan("--hardware", str(path)), "--hardware", str(path), *words)
 
 
 @pytest.mark.parametrize(
@@ -177,7 +177,7 @@ def test_unreadable_profile_is_one_line(tmp_path: Path, content: bytes, words: t
 )
 def test_profile_path_that_is_not_a_file(tmp_path: Path, path: str) -> None:
     path = str(tmp_path) if path == "DIR" else path
-    assert_bad(plan("--profile", path), "--profile")
+    assert_bad(plan("--hardware", path), "--hardware")
 
 
 def _bad_values(field) -> list[str]:
@@ -199,7 +199,7 @@ def test_every_profile_field_is_checked(tmp_path: Path, field, value: str) -> No
     path = write_profile(tmp_path / "p.toml", {field.section: {field.key: value}})
     with pytest.raises(PlanInputError) as info:
         load_profile(str(path))
-    assert info.value.field == "profile"
+    assert info.value.field == "hardware"
     message = str(info.value)
     assert str(path) in message and field.name in message and "\n" not in message
 
@@ -229,14 +229,14 @@ def test_profile_field_bounds_are_accepted(tmp_path: Path, field) -> None:
 def test_nonsense_profile_is_refused_by_the_cli(tmp_path: Path, overrides) -> None:
     path = write_profile(tmp_path / "p.toml", overrides)
     sweep = tmp_path / "plan.toml"
-    result = plan("--profile", str(path), "--write-sweep", str(sweep))
-    assert_bad(result, "--profile", str(path))
+    result = plan("--hardware", str(path), "--write-sweep", str(sweep))
+    assert_bad(result, "--hardware", str(path))
     assert not sweep.exists()
 
 
 def test_a_good_profile_prints_finite_times(tmp_path: Path) -> None:
     path = write_profile(tmp_path / "p.toml")
-    result = plan("--profile", str(path), "--ranks", "1,4,64")
+    result = plan("--hardware", str(path), "--ranks", "1,4,64")
     assert result.exit_code == 0, result.stderr
     assert "inf" not in result.stdout and "nan" not in result.stdout
 
@@ -278,8 +278,8 @@ def test_a_good_profile_prints_finite_times(tmp_path: Path) -> None:
         (["--model", "vgg"], "--model"),
         (["--dataset", "mnist"], "--dataset"),
         (["--batch-size", "100", "--ranks", "1,8"], "--batch-size"),
-        (["--profile", "h100-nowhere"], "--profile"),
-        (["--profile", ""], "--profile"),
+        (["--hardware", "h100-nowhere"], "--hardware"),
+        (["--hardware", ""], "--hardware"),
         (["--write-sweep", ""], "--write-sweep"),
         (["--write-sweep", "  "], "--write-sweep"),
         (["--plot", ""], "--plot"),
@@ -404,7 +404,7 @@ def test_explain_a_bad_run_config_is_one_line(tmp_path: Path, content: str) -> N
     run.mkdir(parents=True)
     (run / "config.json").write_bytes(content.encode("utf-8", "surrogateescape"))
     (run / "run.json").write_text("{}")
-    assert_bad(plan("--profile", "a100-hdr200", "--explain", str(tmp_path / "sweep")), "--explain")
+    assert_bad(plan("--hardware", "a100-hdr200", "--explain", str(tmp_path / "sweep")), "--explain")
     assert not (tmp_path / "sweep" / "predicted.json").exists()
     out = plan("--explain", str(tmp_path / "sweep"), "--plot", str(tmp_path / "x.png"))
     assert_bad(out, "--plot", "--explain")

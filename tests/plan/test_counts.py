@@ -82,7 +82,8 @@ def test_strategies_differ_where_kaisa_says() -> None:
     shape = model_shape("small_cnn", "digits")
     machine = MachineProfile("t", 1e12, 1e11, 1e11, 1e12)
     link = AlphaBeta(1e-5, 1e-10)
-    model = CostModel(shape, RatedCompute(machine, shape), NetworkProfile("t", 8, link, link))
+    net = NetworkProfile("t", 8, link, link, backend="gloo")
+    model = CostModel(shape, RatedCompute(machine, shape), net)
     pred = {
         m: model.predict(PlanConfig(m, 8, 64, "strong", 1, 1))
         for m in ("sgd", "kfac-comm-opt", "kfac-hybrid-opt", "kfac-mem-opt")
@@ -94,7 +95,7 @@ def test_strategies_differ_where_kaisa_says() -> None:
     assert pred["kfac-mem-opt"].phases_s["grad_broadcast"] > 0
     hybrid = pred["kfac-hybrid-opt"].phases_s
     assert hybrid["inverse_comm"] > 0 and hybrid["grad_broadcast"] > 0
-    # grad_broadcast of mem-opt: each layer's gradient, tree broadcast over 8 ranks (3 rounds)
+    # grad_broadcast of mem-opt: each layer's gradient, gloo's binomial tree over 8 ranks (3 rounds)
     expected = sum(3 * (1e-5 + layer.grad_elements * 4 * 1e-10) for layer in shape.layers)
     assert pred["kfac-mem-opt"].phases_s["grad_broadcast"] == pytest.approx(expected)
     # memory: comm-opt holds all second-order data, mem-opt an eighth of it

@@ -50,7 +50,9 @@ def test_plan_explain_writes_what_the_report_reads(tmp_path: Path) -> None:
     run_dir = sweep / "runs" / "one"
     out = run_plain(run_dir, "--steps", "12", "--inv-update-steps", "4", "--no-progress")
     assert out.returncode == 0, out.stderr[-2000:]
-    result = CliRunner().invoke(main, ["plan", "--explain", str(sweep), "--profile", "a100-hdr200"])
+    result = CliRunner().invoke(
+        main, ["plan", "--explain", str(sweep), "--hardware", "a100-hdr200"]
+    )
     assert result.exit_code == 0, result.output
     data = json.loads((sweep / PREDICTED).read_text())
     assert "a100-hdr200" in data["source"]
@@ -67,7 +69,7 @@ def test_plan_explain_writes_what_the_report_reads(tmp_path: Path) -> None:
 
 def test_plan_explain_of_a_folder_without_runs_is_bad_input(tmp_path: Path) -> None:
     result = CliRunner().invoke(
-        main, ["plan", "--explain", str(tmp_path), "--profile", "a100-hdr200"]
+        main, ["plan", "--explain", str(tmp_path), "--hardware", "a100-hdr200"]
     )
     assert result.exit_code == 2
     assert result.stderr.startswith("kfac-hpc plan: error: --explain:")

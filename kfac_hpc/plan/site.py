@@ -1,0 +1,198 @@
+"""``kfac-hpc plan calibrate``: measure a hardware profile inside an allocation.
+
+Started on every rank of a launch (``srun -N 2 --ntasks-per-node G kfac-hpc plan calibrate
+--out site.toml``, or ``mpiexec``), over the job's own process group (NCCL on GPUs, gloo on
+CPUs: the same code). It measures:
+
+- the α-β pair inside a node: broadcasts of 4 KiB … 16 MiB between ranks 0 and 1 (the same
+  node; needs 2 ranks per node), and between nodes: between rank 0 and the first rank of the
+  second node (needs 2 nodes). Each size is the mean of ``ROUNDS`` timed rounds after a barrier
+  of the pair, fitted to ``α + β·n`` (one hop) by least squares;
+- on rank 0's device: one eigendecomposition (``torch.linalg.eigh``, the preconditioner's) at
+  each size of ``eigh_sizes`` (median of 3), the sustained GEMM rate (square FP32 products)
+  and the elementwise rate (a copy);
+
+and rank 0 writes a profile ``plan --hardware site.toml`` reads. What it cannot measure it
+says in the file: NICs per node (0: one per rank; edit it if ranks share NICs), the device's
+memory (the device's total; on a CPU, the node's memory over its ranks).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from kfac_hpc.contracts.atomic import write_bytes_atomic
+from kfac_hpc.plan.alphabeta import AlphaBeta, fit_alpha_beta
+from kfac_hpc.runtime.process_group import init_distributed
+
+__all__ = ["EIGH_SIZES", "MESSAGE_BYTES", "ROUNDS", "calibrate_site", "profile_text"]
+
+MESSAGE_BYTES = (4 * 2**10, 64 * 2**10, 1 * 2**20, 16 * 2**20)
+EIGH_SIZES = (64, 128, 256, 512, 1024, 2048)
+ROUNDS = 20
+_GEMM_N = 1024
+_COPY_BYTES = 64 * 2**20
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
+    """Median seconds of ``fn`` (after one warm-up call), the device synchronized."""
+    fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _pair_link(pair: tuple[int, int], device: torch.device) -> AlphaBeta | None:
+    """α-β of one hop between the two ranks of ``pair`` (broadcasts from the first); every
+    rank calls it (the pair's group is made collectively), the pair's ranks measure; None on
+    the others."""
+    group = dist.new_group(list(pair))
+    if dist.get_rank() not in pair:
+        return None
+    samples = []
+    for nbytes in MESSAGE_BYTES:
+        buf = torch.ones(nbytes // 4, device=device)
+        times = []
+        for round_ in range(ROUNDS + 1):
+            dist.barrier(group=group)
+            _sync(device)
+            start = time.perf_counter()
+            dist.broadcast(buf, pair[0], group=group)
+            _sync(device)
+            if round_:
+                times.append(time.perf_counter() - start)
+        samples.append(("broadcast", 2, float(nbytes), statistics.fmean(times)))
+    fit = fit_alpha_beta(samples)
+    if fit.beta_s_per_byte > 0:
+        return fit
+    # noise hid the bandwidth term (the fit clamped it to 0): the largest message's time
+    # beyond the latency, or all of it, bounds it
+    _, _, largest, seconds = samples[-1]
+    beyond = seconds - fit.alpha_s
+    return AlphaBeta(fit.alpha_s, (beyond if beyond > 0 else seconds) / largest)
+
+
+def _device_rates(device: torch.device, sizes: Sequence[int]) -> dict[str, object]:
+    """Eigendecomposition seconds at ``sizes``, GEMM FLOP/s and elementwise bytes/s."""
+    curve = []
+    for n in sizes:
+        m = torch.randn(n, n, device=device)
+        spd = m @ m.T + n * torch.eye(n, device=device)
+        curve.append([n, _timed(partial(torch.linalg.eigh, spd), device)])
+    a = torch.randn(_GEMM_N, _GEMM_N, device=device)
+    gemm = 2 * _GEMM_N**3 / _timed(lambda: a @ a, device, 5)
+    src = torch.ones(_COPY_BYTES // 4, device=device)
+    dst = torch.empty_like(src)
+    copy = 2 * _COPY_BYTES / _timed(lambda: dst.copy_(src), device, 5)
+    return {"eigh_curve": curve, "gemm": gemm, "copy": copy}
+
+
+def _memory_bytes(device: torch.device, ranks_per_node: int) -> float:
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / ranks_per_node
+
+
+def profile_text(
+    device_name: str,
+    rates: dict[str, object],
+    memory_bytes: float,
+    ranks_per_node: int,
+    backend: str,
+    intra: AlphaBeta | None,
+    inter: AlphaBeta | None,
+    cores: int,
+) -> str:
+    """The TOML of a measured profile (a link not measured takes the other's values, said in
+    a comment)."""
+    intra_link = intra or inter
+    inter_link = inter or intra
+    assert intra_link is not None and inter_link is not None
+    curve = ", ".join(f"[{n}, {t:.6g}]" for n, t in rates["eigh_curve"])  # type: ignore[attr-defined]
+    n_last, t_last = rates["eigh_curve"][-1]  # type: ignore[index]
+    eigh_rate = 9.0 * n_last**3 / t_last
+    notes = []
+    if intra is None:
+        notes.append("# network.intra: not measured (one rank per node): the inter-node values")
+    if inter is None:
+        notes.append("# network.inter: not measured (one node): the intra-node values")
+    kind = "nvlink" if backend == "nccl" else "shm"
+    lines = [
+        "# Written by `kfac-hpc plan calibrate` (measured; see docs/plan.md).",
+        "# nics_per_node is not measured: 0 means one NIC per rank; set it if ranks share NICs.",
+        f"# network.intra.kind is assumed ({kind}).",
+        *notes,
+        "",
+        "[machine]",
+        f'device = "{device_name}"',
+        f"gemm_flops_per_s = {rates['gemm']:.6g}",
+        f"eigh_flops_per_s = {max(1e6, eigh_rate):.6g}",
+        f"eigh_curve = [{curve}]",
+        f"memory_bytes_per_s = {rates['copy']:.6g}",
+        f"memory_bytes = {memory_bytes:.6g}",
+        f"cores_per_node = {cores}",
+        f"threads_per_rank = {min(cores, torch.get_num_threads()) if cores else 1}",
+        "",
+        "[network]",
+        f"ranks_per_node = {ranks_per_node}",
+        "nics_per_node = 0",
+        f'backend = "{backend}"',
+        "",
+        "[network.intra]",
+        f'kind = "{kind}"',
+        f"latency_s = {intra_link.alpha_s:.6g}",
+        f"bandwidth_bytes_per_s = {intra_link.bandwidth_bytes_per_s:.6g}",
+        "",
+        "[network.inter]",
+        f"latency_s = {inter_link.alpha_s:.6g}",
+        f"bandwidth_bytes_per_s = {inter_link.bandwidth_bytes_per_s:.6g}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def calibrate_site(
+    out: Path, backend: str | None = None, eigh_sizes: Sequence[int] = EIGH_SIZES
+) -> str | None:
+    """Measure and (on rank 0) write the profile to ``out``; returns its text on rank 0.
+    RuntimeError when the launch has neither 2 ranks on a node nor 2 nodes."""
+    ctx = init_distributed(backend)
+    world, nodes = ctx.world_size, ctx.launch.num_nodes
+    per_node = world // nodes
+    if per_node < 2 and nodes < 2:
+        raise RuntimeError(
+            "calibrate needs 2 ranks on a node or 2 nodes (srun -N 2 --ntasks-per-node G)"
+        )
+    intra = _pair_link((0, 1), ctx.device) if per_node >= 2 else None
+    inter = _pair_link((0, per_node), ctx.device) if nodes >= 2 else None
+    text = None
+    if ctx.rank == 0:
+        rates = _device_rates(ctx.device, eigh_sizes)
+        name = (
+            torch.cuda.get_device_name(ctx.device)
+            if ctx.device.type == "cuda"
+            else f"CPU ({os.cpu_count()} cores)"
+        )
+        cores = 0 if ctx.device.type == "cuda" else (os.cpu_count() or 1)
+        memory = _memory_bytes(ctx.device, per_node)
+        text = profile_text(name, rates, memory, per_node, ctx.backend, intra, inter, cores)
+        write_bytes_atomic(out, text.encode("utf-8"), durable=True)
+    dist.barrier()
+    return text

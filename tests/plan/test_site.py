@@ -1,0 +1,114 @@
+"""``kfac-hpc plan calibrate``: real ranks over gloo (4 ranks emulating 2 nodes of 2) write a
+profile that plan reads, with both links measured; the profile's text round-trips; bad flags
+are one line, exit 2, nothing measured."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kfac_hpc.cli import main
+from kfac_hpc.plan.alphabeta import AlphaBeta
+from kfac_hpc.plan.profiles import load_profile
+from kfac_hpc.plan.site import profile_text
+from tests.helpers.launch import run_mpi, script_env
+
+
+def test_profile_text_round_trips_through_the_loader(tmp_path: Path) -> None:
+    rates = {"eigh_curve": [[64, 1e-3], [512, 4e-3]], "gemm": 2e10, "copy": 5e9}
+    intra, inter = AlphaBeta(2e-5, 1 / 5e9), AlphaBeta(1e-4, 1 / 1e9)
+    path = tmp_path / "site.toml"
+    path.write_text(profile_text("cpu", rates, 8e9, 4, "gloo", intra, inter, 16))
+    machine, net = load_profile(str(path))
+    assert machine.eigh_curve == ((64, 1e-3), (512, 4e-3))
+    assert machine.gemm_flops_per_s == pytest.approx(2e10, rel=1e-5)
+    assert (net.ranks_per_node, net.backend, net.nics) == (4, "gloo", 4)
+    assert net.intra.alpha_s == pytest.approx(2e-5, rel=1e-5)
+    assert net.inter.bandwidth_bytes_per_s == pytest.approx(1e9, rel=1e-5)
+
+
+def test_one_node_copies_the_intra_link_and_says_so(tmp_path: Path) -> None:
+    rates = {"eigh_curve": [[64, 1e-3], [512, 4e-3]], "gemm": 2e10, "copy": 5e9}
+    text = profile_text("cpu", rates, 8e9, 2, "gloo", AlphaBeta(2e-5, 1e-9), None, 2)
+    assert "network.inter: not measured" in text
+    path = tmp_path / "one.toml"
+    path.write_text(text)
+    _, net = load_profile(str(path))
+    assert net.inter == net.intra
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--out", "/no/such/folder/site.toml"], "--out"),
+        (["--out", "x.toml", "--eigh-sizes", "64"], "--eigh-sizes"),
+        (["--out", "x.toml", "--eigh-sizes", "64,big"], "--eigh-sizes"),
+    ],
+)
+def test_bad_calibrate_flags_are_one_line(tmp_path: Path, args: list[str], flag: str) -> None:
+    result = CliRunner().invoke(main, ["plan", "calibrate", *args])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0]
+    assert not (tmp_path / "x.toml").exists()
+
+
+def test_four_ranks_on_two_emulated_nodes_write_a_usable_profile(tmp_path: Path) -> None:
+    out = tmp_path / "site.toml"
+    argv = [sys.executable, "-m", "kfac_hpc", "plan", "calibrate", "--out", str(out)]
+    argv += ["--backend", "gloo", "--eigh-sizes", "32,64,128"]
+    result = run_mpi(4, argv, env={"KFAC_HPC_EMULATED_NODES": "2", "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = out.read_text()
+    # 2 ranks on a node and 2 nodes: both links measured
+    assert "intra: not measured" not in text and "inter: not measured" not in text
+    machine, net = load_profile(str(out))
+    assert net.ranks_per_node == 2  # the world of 4 over 2 nodes
+    assert [n for n, _ in machine.eigh_curve] == [32, 64, 128]
+    assert all(t > 0 for _, t in machine.eigh_curve)
+    for link in (net.intra, net.inter):
+        assert link.alpha_s >= 0 and 0 < link.bandwidth_bytes_per_s < float("inf")
+    planned = CliRunner().invoke(
+        main,
+        [
+            "plan",
+            "--hardware",
+            str(out),
+            "--model",
+            "mlp",
+            "--dataset",
+            "digits",
+            "--batch-size",
+            "64",
+            "--ranks",
+            "1,2,4",
+        ],
+    )
+    assert planned.exit_code == 0, planned.output
+    assert "2 ranks/node" in planned.output
+
+
+@pytest.mark.slurm
+def test_srun_on_two_nodes_of_the_local_cluster_writes_a_profile(
+    slurm_cluster: dict[str, str], tmp_path: Path
+) -> None:
+    out = tmp_path / "site.toml"
+    argv = ["srun", "-N", "2", "--ntasks-per-node", "2", "--mpi=pmi2", "-t", "3"]
+    argv += [sys.executable, "-m", "kfac_hpc", "plan", "calibrate", "--out", str(out)]
+    argv += ["--backend", "gloo", "--eigh-sizes", "32,64"]
+    result = subprocess.run(
+        argv,
+        env=script_env({"OMP_NUM_THREADS": "1"}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = out.read_text()
+    assert "intra: not measured" not in text and "inter: not measured" not in text
+    _, net = load_profile(str(out))
+    assert net.ranks_per_node == 2 and net.backend == "gloo"  # 4 ranks on 2 nodes
