@@ -180,6 +180,11 @@ class _Trace:
     param_bytes: int
     layers: tuple[KFACLayer, ...] = field(default=())
 
+    @property
+    def saved_bytes(self) -> int:
+        """Every tensor autograd saves for the backward pass, each storage once."""
+        return sum(m.freed_bytes for m in self.modules) + self.other_saved
+
 
 class MemoryModel:
     """Predicted memory per rank of ``model`` on ``dataset``'s input shape."""
@@ -342,7 +347,7 @@ def _step(
         parts["fosi_vectors"] = pairs * shard * _F32
         parts["fosi_velocity"] = shard * _F32
     held = sum(parts.values())
-    saved = sum(m.freed_bytes for m in trace.modules) + trace.other_saved
+    saved = trace.saved_bytes
     moments = {"forward_end": held + trace.batch_bytes + saved}
     # backward: module by module in reverse; the previous step's gradients are gone
     base = held - grads + trace.batch_bytes
@@ -398,11 +403,13 @@ def _trace(model: str, dataset: str, batch: int) -> _Trace:
     keep: list[torch.Tensor] = []
     outs: dict[int, tuple[int, int, tuple[int, ...]]] = {}
 
+    params = {id(p) for p in net.parameters()}
+
     def pack(t: torch.Tensor) -> torch.Tensor:
         base = t
         while base._base is not None:
             base = base._base
-        if id(base) not in owner:
+        if id(base) not in owner and id(base) not in params:  # weights are counted once
             keep.append(base)
             owner[id(base)] = (current[0], base.numel() * base.element_size())
         return t
@@ -435,9 +442,7 @@ def _trace(model: str, dataset: str, batch: int) -> _Trace:
             other += size
         else:
             freed[index] += size
-    batch_bytes = y.numel() * y.element_size()
-    if id(x) not in owner:
-        batch_bytes += x.numel() * x.element_size()
+    batch_bytes = sum(t.numel() * t.element_size() for t in (x, y) if id(t) not in owner)
     modules = []
     layers = []
     for index, (name, module) in enumerate(leaves):
