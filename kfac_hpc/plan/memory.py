@@ -29,7 +29,6 @@ bytes the process holds outside the allocator's tensors. See docs/plan.md, "Memo
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -48,13 +47,8 @@ from kfac_hpc.optim.layers import Conv2dLayer, KFACLayer, make_layer
 from kfac_hpc.plan.errors import PlanInputError, shown
 from kfac_hpc.plan.layers import INPUTS, check_fit
 from kfac_hpc.plan.model import Prediction
-from kfac_hpc.plan.profiles import ProfileField, _value, builtin_profiles
+from kfac_hpc.plan.profiles import ProfileField, _value, builtin_profiles, tomllib
 from kfac_hpc.train.models import build_model
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 __all__ = [
     "MEMORY_FIELDS",
