@@ -279,6 +279,16 @@ def _factor_work(module: _Module, batch: int, cuda: bool) -> float:
     return max(work_a + result_a, work_g + 2 * groups * n_g * n_g * _F32)
 
 
+def _im2col_bytes(module: _Module) -> int:
+    """Bytes per sample of a convolution's im2col matrix (0 for other modules)."""
+    layer = module.layer
+    if not isinstance(layer, Conv2dLayer):
+        return 0
+    x, pad = layer._padded(torch.empty(1, *module.input_shape[-3:], device="meta"))
+    p, q = layer._out_size(x, pad)
+    return layer.groups * (layer.n_a - (layer.bias is not None)) * p * q * _F32
+
+
 def _slots(geometry: Any) -> set[tuple[int, int]]:
     """The sums the row-shifted product keeps (one per lag and per cut kernel row)."""
     return {(lag, i) for lag, i, _, _ in geometry.products()}
@@ -378,7 +388,12 @@ def _step(
         # and full-length vectors (the gathered Lanczos vector, the product and its tangent,
         # the float64 iterate and its residual: 7 × the parameters' bytes). Read from
         # measured ESEs of resnet20 and mlp (docs/plan.md), not line by line from the code.
-        moments["ese"] = held + iters * shard * _F64 + 3 * saved + 7 * params
+        # On a CPU the product's convolutions unfold their input (PyTorch's slow_conv2d keeps
+        # an im2col buffer): the largest convolution's adds n_in x output positions per sample.
+        unfold = 0 if cuda else max((_im2col_bytes(m) for m in trace.modules), default=0)
+        moments["ese"] = (
+            held + iters * shard * _F64 + 3 * saved + 7 * params + unfold * cfg.local_batch
+        )
     return StepMemory(cfg, rank, moments, parts, device_bytes)
 
 
