@@ -31,17 +31,14 @@ CASES: list[tuple[dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
-@pytest.mark.parametrize(("options", "method"), CASES, ids=[m for _, m in CASES])
-def test_predicted_peak_per_rank_within_15_percent_of_real_runs(
-    ranks: int, options: dict[str, Any], method: str
-) -> None:
+def _run(ranks: int, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each rank's record of one ``mpiexec`` job measuring ``configs`` one after the other."""
     env = {
         "MODEL": MODEL,
         "DATASET": DATASET,
         "BATCH": str(BATCH),
         "STEPS": str(STEPS),
-        "CONFIGS": json.dumps([options]),
+        "CONFIGS": json.dumps(configs),
     }
     script = [sys.executable, str(RANK_SCRIPTS / "memory_peak.py")]
     proc = run_mpi(ranks, script, env=env, timeout=600)
@@ -49,18 +46,38 @@ def test_predicted_peak_per_rank_within_15_percent_of_real_runs(
     records = parse_rank_records(proc.stdout)
     assert sorted(r["rank"] for r in records) == list(range(ranks))
     assert all(r["world_size"] == ranks for r in records)
+    return records
+
+
+@pytest.fixture(scope="module")
+def one_rank() -> list[dict[str, Any]]:
+    """All methods in one 1-rank job (no collectives: one method after another reads the same
+    as a fresh process)."""
+    return _run(1, [options for options, _ in CASES])
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+@pytest.mark.parametrize(("options", "method"), CASES, ids=[m for _, m in CASES])
+def test_predicted_peak_per_rank_within_15_percent_of_real_runs(
+    ranks: int, options: dict[str, Any], method: str, one_rank: list[dict[str, Any]]
+) -> None:
+    if ranks == 1:
+        index = [m for _, m in CASES].index(method)
+        results = [r["results"][index] for r in one_rank]
+    else:  # a fresh job per method: see tests/helpers/rank_scripts/memory_peak.py
+        results = [r["results"][0] for r in _run(ranks, [options])]
     predicted = MemoryModel(MODEL, DATASET).predict(
         MemoryConfig(method, ranks, BATCH // ranks, fosi_k=FOSI_K)
     )
     # the prediction is the fullest rank's
-    measured = max(r["results"][0]["peak_bytes"] for r in records)
+    measured = max(r["peak_bytes"] for r in results)
     ratio = predicted.peak_bytes / measured
-    if method == "fosi" and abs(ratio - 1) > TOLERANCE:
-        # known miss (docs/plan.md): the ESE's Hessian-vector products through convolutions
-        # hold more than the 3 x saved tensors the model counts
-        pytest.xfail(f"fosi at {ranks} rank(s): predicted / measured {ratio:.2f}")
+    if method == "fosi" and ranks > 1 and abs(ratio - 1) > TOLERANCE:
+        # known (docs/plan.md): the buffers of an ESE's many collectives are freed on gloo's
+        # threads, which the profiler does not record, so the measured peak grows with them
+        pytest.xfail(f"fosi at {ranks} ranks: predicted / measured {ratio:.2f}")
     assert abs(ratio - 1) <= TOLERANCE, (method, ranks, predicted.peak_bytes, measured)
     if method.startswith("kfac-"):
-        held = max((r["results"][0]["kfac"] for r in records), key=lambda h: h["total_bytes"])
+        held = max((r["kfac"] for r in results), key=lambda h: h["total_bytes"])
         assert held["factors_bytes"] == predicted.parts["kfac_factors"]
         assert held["second_order_bytes"] == predicted.parts["kfac_second_order"]

@@ -9,8 +9,10 @@ free, and the running sum's maximum is this rank's peak of allocated bytes (what
 ``torch.cuda.max_memory_allocated`` is on a GPU). Prints one JSON record per rank.
 
 Settings (environment): MODEL, DATASET, BATCH (global), STEPS and CONFIGS (a JSON list of
-job options, one method each, measured one after the other; one method per process reads the
-same on every rank, while a second measured in the same process read 10-20 % more).
+job options, one method each, measured one after the other). Over ranks, a method's
+collectives free some buffers on gloo's threads, which the profiler does not record: a second
+method measured in the same process then reads 10-20 % more, so multi-rank tests run one
+method per process.
 """
 
 from __future__ import annotations
