@@ -16,6 +16,8 @@ import pytest
 from kfac_hpc.plan.memory import MemoryConfig, MemoryModel
 from tests.helpers.launch import RANK_SCRIPTS, parse_rank_records, run_mpi
 
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
 TOLERANCE = 0.15
 MODEL, DATASET, BATCH, STEPS = "small_cnn", "digits", 64, 3
 FOSI_K = 4
