@@ -259,7 +259,7 @@ def _factor_work(module: _Module, batch: int, cuda: bool) -> float:
     n_in = n_a - (1 if layer.bias is not None else 0)
     result_a = groups * (n_in * n_in + n_a * n_a) * _F32  # the moments, then A with its bias
     if isinstance(layer, Conv2dLayer):
-        x, pad = layer._padded(torch.empty(1, *module.input_shape[-3:], device="meta"))
+        x, pad = _one_sample(layer, module.input_shape)
         if layer._row_shifted():
             geometry = layer._rows(x, pad)
             sample = geometry.sample_elements() * _F32
@@ -279,12 +279,20 @@ def _factor_work(module: _Module, batch: int, cuda: bool) -> float:
     return max(work_a + result_a, work_g + 2 * groups * n_g * n_g * _F32)
 
 
+def _one_sample(
+    layer: Conv2dLayer, input_shape: tuple[int, ...]
+) -> tuple[torch.Tensor, tuple[int, int, int, int]]:
+    """A meta sample of the layer's input as its factor code sees it (Conv1d: height 1),
+    padded as that code pads it."""
+    return layer._padded(layer.as_batch(torch.empty(1, *input_shape, device="meta")))
+
+
 def _im2col_bytes(module: _Module) -> int:
     """Bytes per sample of a convolution's im2col matrix (0 for other modules)."""
     layer = module.layer
     if not isinstance(layer, Conv2dLayer):
         return 0
-    x, pad = layer._padded(torch.empty(1, *module.input_shape[-3:], device="meta"))
+    x, pad = _one_sample(layer, module.input_shape)
     p, q = layer._out_size(x, pad)
     return layer.groups * (layer.n_a - (layer.bias is not None)) * p * q * _F32
 

@@ -131,3 +131,16 @@ def test_plan_marks_points_that_do_not_fit(tmp_path: Path) -> None:
     bad = CliRunner().invoke(main, [*args, "--batch-size", "8"])
     assert bad.exit_code == 2
     assert "memory.capacity_bytes" in bad.output
+
+
+@pytest.mark.parametrize(
+    ("model", "dataset"),
+    [("small_cnn", "digits"), ("mlp", "mnist1d"), ("resnet20", "cifar10"), ("cnn1d", "mnist1d")],
+)
+def test_every_method_is_predicted_on_cpu_and_gpu_paths(model: str, dataset: str) -> None:
+    memory = MemoryModel(model, dataset)
+    for method in ("sgd", "kfac-comm-opt", "kfac-hybrid-opt", "kfac-mem-opt", "fosi"):
+        for device in (None, DeviceMemory(1e12)):
+            step = memory.predict(MemoryConfig(method, 4, 8), device)
+            held = sum(step.parts.values())
+            assert 0 < held <= step.peak_bytes < 1e12, (method, step.moments)
