@@ -127,7 +127,6 @@ class MemoryConfig:
     local_batch: int
     optimizer: str = str(OPTIONS["optimizer"].default)
     momentum: float = float(OPTIONS["momentum"].default)
-    bucket_mb: float = float(OPTIONS["allreduce_bucket_cap_mb"].default)
     fosi_k: int = int(OPTIONS["fosi_k"].default)
     fosi_l: int = int(OPTIONS["fosi_l"].default)
     lanczos_iters: int | None = None
@@ -191,7 +190,8 @@ class MemoryModel:
         return _trace(self.model, self.dataset, batch)
 
     def predict(self, cfg: MemoryConfig, device: DeviceMemory | None = None) -> StepMemory:
-        """The fullest rank's memory for ``cfg`` (every rank is computed; the largest peak)."""
+        """The fullest rank's memory for ``cfg`` (``device``: the GPU code paths, context and
+        workspaces; None: this machine's CPU)."""
         cuda = device.cuda if device is not None else False
         trace = self.trace(cfg.local_batch)
         extra = device.context_bytes + device.workspace_bytes if device is not None else 0.0
@@ -229,11 +229,9 @@ def _optimizer_bytes(cfg: MemoryConfig, params: float) -> float:
     return params if cfg.momentum > 0 else 0.0
 
 
-def _kfac_state(
-    trace: _Trace, assignment: KAISAAssignment, rank: int
-) -> tuple[float, float, int, list[int]]:
-    """(running factors, second-order data, the largest factor this rank decomposes (n),
-    the n of every factor it decomposes) on ``rank``: eigen method, outer product on."""
+def _kfac_state(trace: _Trace, assignment: KAISAAssignment, rank: int) -> tuple[float, float, int]:
+    """(running factors, second-order data, the n of the largest factor this rank
+    decomposes) on ``rank``: eigen method, eigenvalue outer product on (the defaults)."""
     allreduced = assignment.grad_worker_count == assignment.world_size
     factors = second = 0.0
     owned: list[int] = []
@@ -248,7 +246,7 @@ def _kfac_state(
             second += g * (n_a * n_a + n_a + n_g * n_g + n_g + n_a * n_g) * _F32
         owned += [n_a] * g if plan.a_worker == rank else []
         owned += [n_g] * g if plan.g_worker == rank else []
-    return factors, second, max(owned, default=0), owned
+    return factors, second, max(owned, default=0)
 
 
 def _factor_work(module: _Module, batch: int, cuda: bool) -> float:
@@ -349,7 +347,7 @@ def _step(
     owned_n = 0
     if kfac:
         assert assignment is not None
-        factors, second, owned_n, _ = _kfac_state(trace, assignment, rank)
+        factors, second, owned_n = _kfac_state(trace, assignment, rank)
         parts["kfac_factors"], parts["kfac_second_order"] = factors, second
     if cfg.method == "fosi":
         n = params / _F32
@@ -494,7 +492,7 @@ def with_memory(
     for pred in predictions:
         c = pred.config
         point = MemoryConfig(
-            c.method, c.ranks, c.local_batch, bucket_mb=c.bucket_mb, fosi_k=c.fosi_k,
+            c.method, c.ranks, c.local_batch, fosi_k=c.fosi_k,
             fosi_l=c.fosi_l, lanczos_iters=c.lanczos_iters,
         )  # fmt: skip
         out.append(replace(pred, memory_bytes=memory.predict(point, device).peak_bytes))
