@@ -41,8 +41,8 @@ LOCAL: dict[str, tuple[dict[str, Any], MemoryConfig]] = {}
 for ranks in (1, 2):
     for method, options in (
         ("sgd", {"kfac": False}),
-        ("kfac-comm-opt", {"kfac": True}),
-        ("kfac-mem-opt", {"kfac": True, "grad_worker_fraction": "mem-opt"}),
+        ("kfac-comm-opt", {"kfac": True, "inv_update_steps": 2}),
+        ("kfac-mem-opt", {"kfac": True, "inv_update_steps": 2, "grad_worker_fraction": "mem-opt"}),
         ("fosi", FOSI),
     ):
         fosi_k = 4 if method == "fosi" else 10
