@@ -53,11 +53,12 @@ def _ms(seconds: float, width: int) -> str:
 
 
 def table_lines(predictions: Sequence[Prediction], memory_limit: float | None) -> list[str]:
-    """A fixed-width table, milliseconds per step by phase group; ``*`` marks the best
-    K-FAC strategy at each rank count (see :func:`best_by_ranks`)."""
+    """A fixed-width table, milliseconds per step by phase group and the peak memory per GPU
+    ("does not fit" above ``memory_limit``); ``*`` marks the best K-FAC strategy at each rank
+    count (see :func:`best_by_ranks`)."""
     best = {id(p) for p in best_by_ranks(predictions, memory_limit).values()}
     head = f"{'ranks':>6}  {'method':<16}{'step ms':>10}"
-    head += "".join(f"{title:>11}" for title, _ in COLUMNS) + f"{'MiB/rank':>10}"
+    head += "".join(f"{title:>11}" for title, _ in COLUMNS) + f"{'MiB/GPU':>10}"
     lines = [head]
     for pred in predictions:
         mark = "*" if id(pred) in best else " "
@@ -67,7 +68,7 @@ def table_lines(predictions: Sequence[Prediction], memory_limit: float | None) -
         )
         memory = f"{pred.memory_bytes / _MIB:.0f}"
         if memory_limit is not None and pred.memory_bytes > memory_limit:
-            memory += " OOM"
+            memory += " does not fit"
         lines.append(row + f"{memory:>10}")
     return lines
 

@@ -320,7 +320,7 @@ def load_profile(name_or_path: str) -> tuple[MachineProfile, NetworkProfile]:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise PlanInputError("hardware", f"{where} is not valid TOML: {reason}") from None
     try:
-        _check_keys(data, "profile", {"machine", "network", "sources"})
+        _check_keys(data, "profile", {"machine", "network", "memory", "sources"})
         for section in ("machine", "network"):
             if not isinstance(data.get(section), dict):
                 raise PlanInputError(section, f"missing [{section}] table")

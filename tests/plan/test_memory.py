@@ -1,0 +1,146 @@
+"""The memory model's parts against direct counts on tiny models (parameters, optimizer state,
+saved activations, K-FAC factors and second-order data, where they live), its ``[memory]``
+profile table and what ``kfac-hpc plan`` shows of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from torch import nn
+
+from kfac_hpc.cli import main
+from kfac_hpc.plan.errors import PlanInputError
+from kfac_hpc.plan.layers import INPUTS
+from kfac_hpc.plan.memory import DeviceMemory, MemoryConfig, MemoryModel, device_memory
+from kfac_hpc.train.models import build_model
+
+PROFILE = """
+[machine]
+gemm_flops_per_s = 1e13
+eigh_flops_per_s = 1e11
+memory_bytes_per_s = 1e12
+memory_bytes = 16e9
+
+[network]
+ranks_per_node = 4
+
+[network.intra]
+latency_s = 5e-6
+bandwidth_bytes_per_s = 1e11
+
+[network.inter]
+latency_s = 1e-5
+bandwidth_bytes_per_s = 1e10
+"""
+
+
+def _factor_sizes(model: str, dataset: str) -> list[tuple[int, int]]:
+    """(n_A, n_G) of every Linear and Conv2d, counted from the modules' weight shapes."""
+    shape, classes = INPUTS[dataset]
+    sizes = []
+    for module in build_model(model, shape, classes).modules():
+        if isinstance(module, nn.Linear | nn.Conv2d):
+            n_a = module.weight[0].numel() + (module.bias is not None)
+            sizes.append((n_a, module.weight.shape[0]))
+    return sizes
+
+
+@pytest.mark.parametrize(("model", "dataset"), [("small_cnn", "digits"), ("mlp", "digits")])
+def test_one_rank_holds_every_factor_and_all_second_order_data(model: str, dataset: str) -> None:
+    parts = MemoryModel(model, dataset).predict(MemoryConfig("kfac-comm-opt", 1, 16)).parts
+    sizes = _factor_sizes(model, dataset)
+    assert parts["kfac_factors"] == sum((a * a + g * g) * 4 for a, g in sizes)
+    # eigenvectors, eigenvalues and the eigenvalue outer product of A and G
+    assert parts["kfac_second_order"] == sum((a * a + a + g * g + g + a * g) * 4 for a, g in sizes)
+
+
+def test_mem_opt_spreads_factors_and_comm_opt_copies_them() -> None:
+    memory = MemoryModel("resnet20", "cifar10")
+    total = sum((a * a + g * g) * 4 for a, g in _factor_sizes("resnet20", "cifar10"))
+    comm = memory.predict(MemoryConfig("kfac-comm-opt", 4, 8)).parts["kfac_factors"]
+    mem = memory.predict(MemoryConfig("kfac-mem-opt", 4, 8)).parts["kfac_factors"]
+    assert comm == total
+    assert total / 4 <= mem < total
+
+
+def test_parameters_gradients_and_optimizer_state() -> None:
+    shape, classes = INPUTS["digits"]
+    params = sum(p.numel() * 4 for p in build_model("small_cnn", shape, classes).parameters())
+    memory = MemoryModel("small_cnn", "digits")
+    sgd = memory.predict(MemoryConfig("sgd", 1, 8)).parts
+    assert sgd == {"parameters": params, "gradients": params, "optimizer": params}
+    adam = memory.predict(MemoryConfig("sgd", 1, 8, optimizer="adam")).parts
+    assert adam["optimizer"] == 2 * params
+    plain = memory.predict(MemoryConfig("sgd", 1, 8, momentum=0.0)).parts
+    assert plain["optimizer"] == 0
+
+
+def test_saved_activations_of_the_mlp_by_hand() -> None:
+    """Flatten, Linear 64→128, ReLU, Linear 128→128, ReLU, Linear 128→10, cross-entropy:
+    autograd keeps the input, both ReLU outputs (also the next Linear's inputs), the
+    log-softmax, the targets and the loss's 0-dim total weight."""
+    for batch in (1, 8, 33):
+        saved = MemoryModel("mlp", "digits").trace(batch).saved_bytes
+        assert saved == batch * (64 + 128 + 128 + 10) * 4 + batch * 8 + 4
+
+
+def test_activations_and_gpu_chunks_grow_with_the_batch() -> None:
+    memory = MemoryModel("resnet20", "cifar10")
+    small, large = (memory.predict(MemoryConfig("sgd", 1, b)).peak_bytes for b in (8, 16))
+    assert large > small
+    cpu = memory.predict(MemoryConfig("kfac-comm-opt", 1, 128), DeviceMemory(1e12, cuda=False))
+    gpu = memory.predict(MemoryConfig("kfac-comm-opt", 1, 128), DeviceMemory(1e12))
+    # on a GPU the whole batch is unfolded at once, on a CPU in chunks of 4 MiB
+    assert gpu.moments["backward"] > cpu.moments["backward"]
+
+
+def test_context_and_workspace_add_to_every_point() -> None:
+    memory = MemoryModel("mlp", "digits")
+    cfg = MemoryConfig("sgd", 2, 8)
+    bare = memory.predict(cfg, DeviceMemory(1e12)).peak_bytes
+    device = memory.predict(cfg, DeviceMemory(1e12, 3e8, 2e8)).peak_bytes
+    assert device == pytest.approx(bare + 5e8)
+
+
+def test_memory_table_is_read_and_checked(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.toml"
+    path.write_text(PROFILE)
+    assert device_memory(str(path)) is None
+    path.write_text(PROFILE + "\n[memory]\ncapacity_bytes = 16e9\ncontext_bytes = 3e8\n")
+    assert device_memory(str(path)) == DeviceMemory(16e9, 3e8, 0.0)
+    path.write_text(PROFILE + "\n[memory]\ncapacity_bytes = 16e9\ncontext = 1\n")
+    with pytest.raises(PlanInputError, match=r"memory\.context: unknown key"):
+        device_memory(str(path))
+
+
+def test_plan_marks_points_that_do_not_fit(tmp_path: Path) -> None:
+    path = tmp_path / "small.toml"
+    # 40 MiB: resnet20 fits at 8 samples per GPU, not at 128
+    path.write_text(PROFILE + "\n[memory]\ncapacity_bytes = 41943040\n")
+    args = ["plan", "--hardware", str(path), "--model", "resnet20", "--dataset", "cifar10"]
+    args += ["--scaling", "weak", "--ranks", "1", "--methods", "sgd"]
+    small = CliRunner().invoke(main, [*args, "--batch-size", "8"])
+    large = CliRunner().invoke(main, [*args, "--batch-size", "128"])
+    assert small.exit_code == 0 and large.exit_code == 0, small.output + large.output
+    assert "MiB/GPU" in small.output
+    assert "does not fit" not in small.output
+    assert "does not fit" in large.output
+    path.write_text(PROFILE + "\n[memory]\ncapacity_bytes = -1\n")
+    bad = CliRunner().invoke(main, [*args, "--batch-size", "8"])
+    assert bad.exit_code == 2
+    assert "memory.capacity_bytes" in bad.output
+
+
+@pytest.mark.parametrize(
+    ("model", "dataset"),
+    [("small_cnn", "digits"), ("mlp", "mnist1d"), ("resnet20", "cifar10"), ("cnn1d", "mnist1d")],
+)
+def test_every_method_is_predicted_on_cpu_and_gpu_paths(model: str, dataset: str) -> None:
+    memory = MemoryModel(model, dataset)
+    for method in ("sgd", "kfac-comm-opt", "kfac-hybrid-opt", "kfac-mem-opt", "fosi"):
+        for device in (None, DeviceMemory(1e12)):
+            step = memory.predict(MemoryConfig(method, 4, 8), device)
+            held = sum(step.parts.values())
+            assert 0 < held <= step.peak_bytes < 1e12, (method, step.moments)
