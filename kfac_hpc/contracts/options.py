@@ -415,6 +415,26 @@ FOSI_OPTIONS: tuple[Option, ...] = (
         unit="steps",
         check="nonnegative",
     ),
+    _f(
+        "fosi_residual_tol",
+        "float",
+        0.05,
+        "keep a Ritz pair only when its residual |Hv - lambda v| <= this x max |lambda|",
+        check="positive",
+    ),
+    _f(
+        "fosi_ese_check",
+        "bool",
+        True,
+        "after each ESE, use the base update until the next ESE when the new subspace step "
+        "raises the curvature batch's loss",
+    ),
+    _f(
+        "fosi_nonfinite_stop",
+        "bool",
+        True,
+        "stop at the step whose gradient is non-finite (NaN or inf loss), not at the next ESE",
+    ),
 )
 RUN_OPTIONS: tuple[Option, ...] = (
     _o(
@@ -622,6 +642,9 @@ LIBRARY_PARAMETERS: dict[str, dict[str, str]] = {
         "seed": "seed",
         "curvature_ranks": "curvature_ranks",
         "max_staleness": "max_staleness",
+        "residual_tol": "fosi_residual_tol",
+        "ese_check": "fosi_ese_check",
+        "nonfinite_stop": "fosi_nonfinite_stop",
     },
 }
 # The library's parameters that are not options of the job, and why: method -> {parameter: why}.

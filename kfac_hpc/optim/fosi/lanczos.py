@@ -28,7 +28,13 @@ import torch
 
 from kfac_hpc.optim.fosi.sharding import CoordinateShard
 
-__all__ = ["ExtremeSpectrum", "NonFiniteCurvature", "lanczos_extremes", "tridiagonal_eigh"]
+__all__ = [
+    "ExtremeSpectrum",
+    "NonFiniteCurvature",
+    "converged_pairs",
+    "lanczos_extremes",
+    "tridiagonal_eigh",
+]
 
 # A Krylov space is exhausted (invariant) when the new residual is this small relative to the
 # largest |H q| so far (an estimate of |H|): the next vector would be rounding noise.
@@ -45,13 +51,18 @@ class ExtremeSpectrum:
     ``eigenvalues``: float64 ``(k + l,)``, largest first; ``vectors``: float64
     ``(k + l, n_r)``, this rank's coordinates of the orthonormal eigenvectors (same order);
     ``iterations``: Lanczos steps taken (fewer than asked when the Krylov space is exhausted);
-    ``basis_bytes``: bytes of this rank's Lanczos basis.
+    ``basis_bytes``: bytes of this rank's Lanczos basis; ``residuals``: float64 ``(k + l,)``,
+    ‖H v − λ v‖ of each pair (|β_m| times the last coordinate of its eigenvector of the
+    tridiagonal matrix: exact with a fully reorthogonalized basis, no extra product); ``top``:
+    how many of the pairs are of the largest (the rest are of the smallest).
     """
 
     eigenvalues: torch.Tensor
     vectors: torch.Tensor
     iterations: int
     basis_bytes: int
+    residuals: torch.Tensor
+    top: int
 
 
 class NonFiniteCurvature(ArithmeticError):
@@ -121,6 +132,7 @@ def lanczos_extremes(
     betas = torch.zeros(m, dtype=torch.float64)
     q = _start_vector(shard, seed)
     steps = m
+    last_beta = 0.0  # β_m: the norm of the residual left after the last step
     scale = 0.0  # the largest |H q| so far
     for j in range(m):
         basis[j] = q
@@ -146,6 +158,7 @@ def lanczos_extremes(
             norm = beta
         if j == m - 1 or beta.item() <= _BREAKDOWN * scale:
             steps = j + 1
+            last_beta = float(beta) if beta.item() > _BREAKDOWN * scale else 0.0
             break
         betas[j] = beta
         q = w / beta
@@ -156,6 +169,24 @@ def lanczos_extremes(
         [torch.arange(steps - 1, steps - 1 - take, -1), torch.arange(low - 1, -1, -1)]
     )
     vectors = rotation[:, index].T @ basis[:steps]
+    residuals = last_beta * rotation[steps - 1, index].abs()
     return ExtremeSpectrum(
-        ritz[index].clone(), vectors, steps, basis.element_size() * basis.numel()
+        ritz[index].clone(), vectors, steps, basis.element_size() * basis.numel(), residuals, take
+    )
+
+
+def converged_pairs(spectrum: ExtremeSpectrum, tol: float) -> ExtremeSpectrum:
+    """The pairs of ``spectrum`` whose residual ‖H v − λ v‖ is at most ``tol`` × max |λ| (the
+    others have not converged: their λ is not an eigenvalue of H to that accuracy, nor their
+    v an eigenvector), in the same order."""
+    values = spectrum.eigenvalues
+    bound = tol * float(values.abs().max()) if values.numel() else 0.0
+    keep = spectrum.residuals <= bound
+    return ExtremeSpectrum(
+        values[keep].clone(),
+        spectrum.vectors[keep].contiguous(),
+        spectrum.iterations,
+        spectrum.basis_bytes,
+        spectrum.residuals[keep].clone(),
+        int(keep[: spectrum.top].sum()),
     )
