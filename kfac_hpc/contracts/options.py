@@ -418,7 +418,7 @@ FOSI_OPTIONS: tuple[Option, ...] = (
     _f(
         "fosi_residual_tol",
         "float",
-        0.05,
+        0.01,
         "keep a Ritz pair only when its residual |Hv - lambda v| <= this x max |lambda|",
         check="positive",
     ),

@@ -68,12 +68,21 @@ class ExtremeSpectrum:
 class NonFiniteCurvature(ArithmeticError):
     """A Hessian-vector product of the ESE is NaN or inf (on some rank). ``step``: the
     optimizer step of the ESE (None when unknown); ``diverged``: the parameters or the loss
-    were already non-finite (training diverged), not only their curvature."""
+    were already non-finite (training diverged), not only their curvature; ``in_gradient``: it
+    was the step's gradient that was non-finite (found at that step, outside any ESE)."""
 
-    def __init__(self, message: str, *, step: int | None = None, diverged: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        step: int | None = None,
+        diverged: bool = False,
+        in_gradient: bool = False,
+    ) -> None:
         super().__init__(message)
         self.step = step
         self.diverged = diverged
+        self.in_gradient = in_gradient
 
 
 def _dot(shard: CoordinateShard, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -309,6 +309,7 @@ class FOSI(torch.optim.Optimizer):
                 "loss or the parameters diverged; lower the learning rate, alpha or clip",
                 step=self.step_count,
                 diverged=True,
+                in_gradient=True,
             )
 
     def _check_subspace(
