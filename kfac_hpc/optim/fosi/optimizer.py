@@ -312,9 +312,7 @@ class FOSI(torch.optim.Optimizer):
                 in_gradient=True,
             )
 
-    def _check_subspace(
-        self, closure: Closure, g: torch.Tensor, loss: torch.Tensor | None
-    ) -> None:
+    def _check_subspace(self, closure: Closure, g: torch.Tensor, loss: torch.Tensor | None) -> None:
         """Drop the new eigenpairs (the base update alone until the next ESE; the step is
         recorded in ``rejected_at``) when the subspace step d1 they give now raises the
         closure's loss (summed over ranks). The parameters and the module's buffers are left
@@ -340,8 +338,9 @@ class FOSI(torch.optim.Optimizer):
     # -- ESE --------------------------------------------------------------------------
     def _estimate(self, closure: Closure, seed: int) -> tuple[ExtremeSpectrum, torch.Tensor | None]:
         """Lanczos on the mean Hessian (+ weight decay) of every rank's closure loss, its
-        converged pairs only (``residual_tol``); the module's buffers are restored afterwards. Raises :class:`NonFiniteCurvature` (on every
-        rank) when a Hessian-vector product is NaN or inf, naming the step and the loss."""
+        converged pairs only (``residual_tol``); the module's buffers are restored afterwards.
+        Raises :class:`NonFiniteCurvature` (on every rank) when a Hessian-vector product is NaN
+        or inf, naming the step and the loss."""
         started = time.perf_counter()
         buffers = [] if self.model is None else [b.clone() for b in self.model.buffers()]
         hvp = HessianVectorProduct(self.params, closure, self.model, self.options.hvp)

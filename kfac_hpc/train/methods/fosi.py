@@ -101,7 +101,10 @@ class FOSIMethod(Method):
                 if exc.in_gradient
                 else ("loss", "FOSI's ESE: the parameters or the curvature-batch loss are")
                 if exc.diverged
-                else ("curvature", "FOSI's ESE: the loss is finite, its Hessian-vector products are")
+                else (
+                    "curvature",
+                    "FOSI's ESE: the loss is finite, its Hessian-vector products are",
+                )
             )
             lr, alpha, clip = (OPTIONS[n].flag for n in ("lr", "fosi_alpha", "fosi_clip"))
             raise TrainingDiverged(

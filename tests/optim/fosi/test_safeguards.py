@@ -45,7 +45,7 @@ def test_unconverged_ritz_pairs_are_dropped_and_the_converged_kept() -> None:
 
 
 def test_the_step_is_the_dense_formula_on_the_kept_pairs() -> None:
-    matrix, spectrum = spread_quadratic()
+    matrix, _ = spread_quadratic()
     theta = nn.Parameter(torch.randn(N, generator=torch.Generator().manual_seed(8)).double())
     lr, alpha, momentum = 0.01, 0.1, 0.9
     base = torch.optim.SGD([theta], lr=lr)
@@ -65,7 +65,9 @@ def test_the_step_is_the_dense_formula_on_the_kept_pairs() -> None:
     scale = min(max(float(lam[0] / lam[1]), 1.0), 3.0, max(1.0 / (lr * float(lam[1])), 1.0))
     # the kept Ritz vectors are the eigenvectors to ~r/gap (1.5e-4 here)
     expected = scale * d2 + d1
-    torch.testing.assert_close(theta.detach() - start, expected, rtol=0, atol=1e-3 * expected.norm())
+    torch.testing.assert_close(
+        theta.detach() - start, expected, rtol=0, atol=1e-3 * expected.norm()
+    )
 
 
 class Linear(nn.Module):
