@@ -416,6 +416,15 @@ FOSI_OPTIONS: tuple[Option, ...] = (
         check="nonnegative",
     ),
     _f(
+        "lanczos_tol",
+        "float",
+        None,
+        "stop Lanczos early once the k + l pairs have residuals <= this x max |lambda| "
+        "(default: all --lanczos-iters steps)",
+        check="positive",
+        optional=True,
+    ),
+    _f(
         "fosi_residual_tol",
         "float",
         0.01,
@@ -642,6 +651,7 @@ LIBRARY_PARAMETERS: dict[str, dict[str, str]] = {
         "seed": "seed",
         "curvature_ranks": "curvature_ranks",
         "max_staleness": "max_staleness",
+        "lanczos_tol": "lanczos_tol",
         "residual_tol": "fosi_residual_tol",
         "ese_check": "fosi_ese_check",
         "nonfinite_stop": "fosi_nonfinite_stop",

@@ -121,6 +121,31 @@ def tridiagonal_eigh(
     return values, vectors
 
 
+def _extreme_index(steps: int, k: int, l: int) -> tuple[torch.Tensor, int]:  # noqa: E741
+    """Indices of the k largest (largest first) and l smallest (largest first) of ``steps``
+    ascending Ritz values, and how many of them are of the largest."""
+    take = min(k, steps)
+    low = min(l, steps - take)
+    top = torch.arange(steps - 1, steps - 1 - take, -1)
+    return torch.cat([top, torch.arange(low - 1, -1, -1)]), take
+
+
+def _converged(
+    diagonal: torch.Tensor,
+    off: torch.Tensor,
+    beta: float,
+    k: int,
+    l: int,  # noqa: E741 (the paper's name)
+    tol: float,
+) -> bool:
+    """Whether the k largest and l smallest Ritz pairs of this tridiagonal matrix, with β the
+    norm of the next residual, all have ‖Hv − λv‖ ≤ tol × max |λ|."""
+    ritz, rotation = tridiagonal_eigh(diagonal, off)
+    index, _ = _extreme_index(len(diagonal), k, l)
+    residuals = beta * rotation[-1, index].abs()
+    return bool((residuals <= tol * float(ritz.abs().max())).all())
+
+
 def lanczos_extremes(
     hvp: Callable[[torch.Tensor], torch.Tensor],
     shard: CoordinateShard,
@@ -128,9 +153,13 @@ def lanczos_extremes(
     l: int,  # noqa: E741 (the paper's name)
     iterations: int,
     seed: int,
+    stop_tol: float | None = None,
 ) -> ExtremeSpectrum:
     """Lanczos on the symmetric operator ``hvp`` (local float64 ``(n_r,)`` slice in, the same
-    slice of ``H v`` out; it may communicate) for ``iterations`` steps.
+    slice of ``H v`` out; it may communicate) for ``iterations`` steps, or fewer with
+    ``stop_tol``: stopped at the first step where all k + l wanted Ritz pairs have residuals
+    ‖Hv − λv‖ ≤ ``stop_tol`` × max |λ| (checked on the tridiagonal matrix, the same on every
+    rank).
 
     Needs ``k + l <= iterations <= n``. Raises :class:`NonFiniteCurvature` when a product is
     not finite.
@@ -165,18 +194,19 @@ def lanczos_extremes(
             if beta > _DGKS * norm:  # Daniel-Gragg-Kaufman-Stewart: orthogonal to rounding
                 break
             norm = beta
-        if j == m - 1 or beta.item() <= _BREAKDOWN * scale:
+        converged = (
+            stop_tol is not None
+            and j + 1 >= k + l
+            and _converged(alphas[: j + 1], betas[:j], float(beta), k, l, stop_tol)
+        )
+        if j == m - 1 or converged or beta.item() <= _BREAKDOWN * scale:
             steps = j + 1
             last_beta = float(beta) if beta.item() > _BREAKDOWN * scale else 0.0
             break
         betas[j] = beta
         q = w / beta
     ritz, rotation = tridiagonal_eigh(alphas[:steps], betas[: steps - 1])
-    take = min(k, steps)
-    low = min(l, steps - take)
-    index = torch.cat(
-        [torch.arange(steps - 1, steps - 1 - take, -1), torch.arange(low - 1, -1, -1)]
-    )
+    index, take = _extreme_index(steps, k, l)
     vectors = rotation[:, index].T @ basis[:steps]
     residuals = last_beta * rotation[steps - 1, index].abs()
     return ExtremeSpectrum(

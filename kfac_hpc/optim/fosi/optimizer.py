@@ -353,7 +353,8 @@ class FOSI(torch.optim.Optimizer):
 
         m = min(self.options.iterations, self.n)
         try:
-            spectrum = lanczos_extremes(operator, shard, self.options.k, self.options.l, m, seed)
+            o = self.options
+            spectrum = lanczos_extremes(operator, shard, o.k, o.l, m, seed, o.lanczos_tol)
         except NonFiniteCurvature as exc:
             loss = float("nan") if hvp.loss is None else float(hvp.loss)
             diverged = not (
