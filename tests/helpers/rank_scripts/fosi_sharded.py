@@ -77,6 +77,7 @@ def run(name: str, world: int, rank: int, resume: Path | None) -> dict[str, Any]
     model = build_model()
     opt = FOSI(model.parameters(), build_base(model, base_name), model=model,
                curvature_ranks=curvature[world], max_staleness=staleness,
+               ese_check=not curvature[2],  # not applied with curvature ranks: P = 1 alike
                **FOSI_OPTIONS)  # fmt: skip
     if resume is not None:
         with h5py.File(resume / f"{name}.h5", "r") as f:
