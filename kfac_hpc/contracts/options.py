@@ -451,6 +451,35 @@ FOSI_OPTIONS: tuple[Option, ...] = (
         unit="steps",
         check="nonnegative",
     ),
+    _f(
+        "lanczos_tol",
+        "float",
+        None,
+        "stop Lanczos early once the k + l pairs have residuals <= this x max |lambda| "
+        "(default: all --lanczos-iters steps)",
+        check="positive",
+        optional=True,
+    ),
+    _f(
+        "fosi_residual_tol",
+        "float",
+        0.01,
+        "keep a Ritz pair only when its residual |Hv - lambda v| <= this x max |lambda|",
+        check="positive",
+    ),
+    _f(
+        "fosi_ese_check",
+        "bool",
+        True,
+        "after each ESE, use the base update until the next ESE when the new subspace step "
+        "raises the curvature batch's loss",
+    ),
+    _f(
+        "fosi_nonfinite_stop",
+        "bool",
+        True,
+        "stop at the step whose gradient is non-finite (NaN or inf loss), not at the next ESE",
+    ),
 )
 RUN_OPTIONS: tuple[Option, ...] = (
     _o(
@@ -658,6 +687,10 @@ LIBRARY_PARAMETERS: dict[str, dict[str, str]] = {
         "seed": "seed",
         "curvature_ranks": "curvature_ranks",
         "max_staleness": "max_staleness",
+        "lanczos_tol": "lanczos_tol",
+        "residual_tol": "fosi_residual_tol",
+        "ese_check": "fosi_ese_check",
+        "nonfinite_stop": "fosi_nonfinite_stop",
     },
 }
 # The library's parameters that are not options of the job, and why: method -> {parameter: why}.

@@ -31,6 +31,7 @@ from .conftest import (
 
 # Small FOSI: one ESE at step 3 (then every 100), k = 4 with 8 Lanczos steps.
 FOSI = ["--fosi", "--fosi-k", "4", "--lanczos-iters", "8", "--fosi-warmup", "3"]
+FOSI += ["--fosi-residual-tol", "1"]  # every Ritz pair kept: 8 Lanczos steps converge few
 FOSI += ["--ese-every", "100", "--lr", "0.05", "--lr-schedule", "constant", "--no-progress"]
 
 

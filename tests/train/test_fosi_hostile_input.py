@@ -33,6 +33,7 @@ from kfac_hpc.train.models import build_model
 MLP = ["--dataset", "digits", "--model", "mlp", "--batch-size", "64", "--no-progress"]
 FOSI = ["--fosi", "--fosi-k", "2", "--lanczos-iters", "4", "--fosi-warmup", "1"]
 FOSI += ["--lr-schedule", "constant", "--lr", "0.05", "--log-every", "2"]
+FOSI += ["--fosi-residual-tol", "1"]  # every Ritz pair kept: 4 Lanczos steps converge none
 # cnn1d with one channel on a few mnist1d sequences: 74 parameters.
 TINY = ["--dataset", "mnist1d", "--num-samples", "256", "--model", "cnn1d"]
 TINY += ["--cnn1d-channels", "1", "--batch-size", "64", "--no-progress", "--fosi"]
@@ -144,11 +145,14 @@ def _ended_error(run: Path, result: Result, *words: str) -> dict[str, Any]:
     return summary
 
 
+UNGUARDED = ("--no-fosi-ese-check",)
+
+
 @pytest.mark.parametrize(
     "args",
-    [
-        ("--fosi-alpha", "2147483647", "--ese-every", "2"),
-        ("--fosi-alpha", "1e6", "--ese-every", "2"),
+    [  # the alpha cases without the ESE's loss check, which would reject their subspace steps
+        ("--fosi-alpha", "2147483647", "--ese-every", "2", *UNGUARDED),
+        ("--fosi-alpha", "1e6", "--ese-every", "2", *UNGUARDED),
         ("--lr", "1e6", "--fosi-warmup", "3", "--log-every", "20"),
     ],
 )
@@ -156,6 +160,15 @@ def test_a_diverging_fosi_run_ends_error_with_the_reason(tmp_path, args):
     run = tmp_path / "run"
     result = _train(run, *MLP, *FOSI, "--steps", "8", *args)
     _ended_error(run, result, "became non-finite at step", "--fosi-alpha")
+
+
+def test_the_ese_check_rejects_a_subspace_step_that_raises_the_loss(tmp_path):
+    run = tmp_path / "run"
+    args = ("--steps", "8", "--fosi-alpha", "1e6", "--ese-every", "2")
+    result = _train(run, *MLP, *FOSI, *args)
+    assert result.exit_code == 0, result.output
+    summary = _json(run / "run.json")
+    assert summary["fosi_subspace_rejected_at_steps"] == [1, 3, 5, 7]  # every ESE's
 
 
 def test_non_finite_curvature_of_a_finite_loss_is_named_so(monkeypatch):

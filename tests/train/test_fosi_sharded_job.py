@@ -80,9 +80,10 @@ def test_job_step_equals_single_process_fosi_without_a_gradient_allreduce(
         gathered = [n for name, n in calls if name == "all_gather"]
         # one gradient reduce-scatter (on gloo an all-to-all of the n coordinates) and one
         # parameter all-gather (P padded pieces) per step, plus one of each per Lanczos step of
-        # the two ESEs (12 HVPs each)
+        # the two ESEs (12 HVPs each), and one all-gather of the trial step of each ESE's loss
+        # check (--fosi-ese-check)
         assert scattered == [N] * (7 + 2 * 12), rank
-        assert gathered.count(padded) == 7 + 2 * 12, rank
+        assert gathered.count(padded) == 7 + 2 * 12 + 2, rank
         phases = got["phases"]
         assert phases["grad_allreduce"] > 0 and phases["param_allgather"] > 0
         assert phases["ese"] > 0 and phases["optimizer"] > 0

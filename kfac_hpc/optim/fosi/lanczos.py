@@ -28,7 +28,13 @@ import torch
 
 from kfac_hpc.optim.fosi.sharding import CoordinateShard
 
-__all__ = ["ExtremeSpectrum", "NonFiniteCurvature", "lanczos_extremes", "tridiagonal_eigh"]
+__all__ = [
+    "ExtremeSpectrum",
+    "NonFiniteCurvature",
+    "converged_pairs",
+    "lanczos_extremes",
+    "tridiagonal_eigh",
+]
 
 # A Krylov space is exhausted (invariant) when the new residual is this small relative to the
 # largest |H q| so far (an estimate of |H|): the next vector would be rounding noise.
@@ -45,24 +51,38 @@ class ExtremeSpectrum:
     ``eigenvalues``: float64 ``(k + l,)``, largest first; ``vectors``: float64
     ``(k + l, n_r)``, this rank's coordinates of the orthonormal eigenvectors (same order);
     ``iterations``: Lanczos steps taken (fewer than asked when the Krylov space is exhausted);
-    ``basis_bytes``: bytes of this rank's Lanczos basis.
+    ``basis_bytes``: bytes of this rank's Lanczos basis; ``residuals``: float64 ``(k + l,)``,
+    ‖H v − λ v‖ of each pair (|β_m| times the last coordinate of its eigenvector of the
+    tridiagonal matrix: exact with a fully reorthogonalized basis, no extra product); ``top``:
+    how many of the pairs are of the largest (the rest are of the smallest).
     """
 
     eigenvalues: torch.Tensor
     vectors: torch.Tensor
     iterations: int
     basis_bytes: int
+    residuals: torch.Tensor
+    top: int
 
 
 class NonFiniteCurvature(ArithmeticError):
     """A Hessian-vector product of the ESE is NaN or inf (on some rank). ``step``: the
     optimizer step of the ESE (None when unknown); ``diverged``: the parameters or the loss
-    were already non-finite (training diverged), not only their curvature."""
+    were already non-finite (training diverged), not only their curvature; ``in_gradient``: it
+    was the step's gradient that was non-finite (found at that step, outside any ESE)."""
 
-    def __init__(self, message: str, *, step: int | None = None, diverged: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        step: int | None = None,
+        diverged: bool = False,
+        in_gradient: bool = False,
+    ) -> None:
         super().__init__(message)
         self.step = step
         self.diverged = diverged
+        self.in_gradient = in_gradient
 
 
 def _dot(shard: CoordinateShard, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -101,6 +121,31 @@ def tridiagonal_eigh(
     return values, vectors
 
 
+def _extreme_index(steps: int, k: int, l: int) -> tuple[torch.Tensor, int]:  # noqa: E741
+    """Indices of the k largest (largest first) and l smallest (largest first) of ``steps``
+    ascending Ritz values, and how many of them are of the largest."""
+    take = min(k, steps)
+    low = min(l, steps - take)
+    top = torch.arange(steps - 1, steps - 1 - take, -1)
+    return torch.cat([top, torch.arange(low - 1, -1, -1)]), take
+
+
+def _converged(
+    diagonal: torch.Tensor,
+    off: torch.Tensor,
+    beta: float,
+    k: int,
+    l: int,  # noqa: E741 (the paper's name)
+    tol: float,
+) -> bool:
+    """Whether the k largest and l smallest Ritz pairs of this tridiagonal matrix, with β the
+    norm of the next residual, all have ‖Hv − λv‖ ≤ tol × max |λ|."""
+    ritz, rotation = tridiagonal_eigh(diagonal, off)
+    index, _ = _extreme_index(len(diagonal), k, l)
+    residuals = beta * rotation[-1, index].abs()
+    return bool((residuals <= tol * float(ritz.abs().max())).all())
+
+
 def lanczos_extremes(
     hvp: Callable[[torch.Tensor], torch.Tensor],
     shard: CoordinateShard,
@@ -108,9 +153,13 @@ def lanczos_extremes(
     l: int,  # noqa: E741 (the paper's name)
     iterations: int,
     seed: int,
+    stop_tol: float | None = None,
 ) -> ExtremeSpectrum:
     """Lanczos on the symmetric operator ``hvp`` (local float64 ``(n_r,)`` slice in, the same
-    slice of ``H v`` out; it may communicate) for ``iterations`` steps.
+    slice of ``H v`` out; it may communicate) for ``iterations`` steps, or fewer with
+    ``stop_tol``: stopped at the first step where all k + l wanted Ritz pairs have residuals
+    ‖Hv − λv‖ ≤ ``stop_tol`` × max |λ| (checked on the tridiagonal matrix, the same on every
+    rank).
 
     Needs ``k + l <= iterations <= n``. Raises :class:`NonFiniteCurvature` when a product is
     not finite.
@@ -121,6 +170,7 @@ def lanczos_extremes(
     betas = torch.zeros(m, dtype=torch.float64)
     q = _start_vector(shard, seed)
     steps = m
+    last_beta = 0.0  # β_m: the norm of the residual left after the last step
     scale = 0.0  # the largest |H q| so far
     for j in range(m):
         basis[j] = q
@@ -144,18 +194,38 @@ def lanczos_extremes(
             if beta > _DGKS * norm:  # Daniel-Gragg-Kaufman-Stewart: orthogonal to rounding
                 break
             norm = beta
-        if j == m - 1 or beta.item() <= _BREAKDOWN * scale:
+        converged = (
+            stop_tol is not None
+            and j + 1 >= k + l
+            and _converged(alphas[: j + 1], betas[:j], float(beta), k, l, stop_tol)
+        )
+        if j == m - 1 or converged or beta.item() <= _BREAKDOWN * scale:
             steps = j + 1
+            last_beta = float(beta) if beta.item() > _BREAKDOWN * scale else 0.0
             break
         betas[j] = beta
         q = w / beta
     ritz, rotation = tridiagonal_eigh(alphas[:steps], betas[: steps - 1])
-    take = min(k, steps)
-    low = min(l, steps - take)
-    index = torch.cat(
-        [torch.arange(steps - 1, steps - 1 - take, -1), torch.arange(low - 1, -1, -1)]
-    )
+    index, take = _extreme_index(steps, k, l)
     vectors = rotation[:, index].T @ basis[:steps]
+    residuals = last_beta * rotation[steps - 1, index].abs()
     return ExtremeSpectrum(
-        ritz[index].clone(), vectors, steps, basis.element_size() * basis.numel()
+        ritz[index].clone(), vectors, steps, basis.element_size() * basis.numel(), residuals, take
+    )
+
+
+def converged_pairs(spectrum: ExtremeSpectrum, tol: float) -> ExtremeSpectrum:
+    """The pairs of ``spectrum`` whose residual ‖H v − λ v‖ is at most ``tol`` × max |λ| (the
+    others have not converged: their λ is not an eigenvalue of H to that accuracy, nor their
+    v an eigenvector), in the same order."""
+    values = spectrum.eigenvalues
+    bound = tol * float(values.abs().max()) if values.numel() else 0.0
+    keep = spectrum.residuals <= bound
+    return ExtremeSpectrum(
+        values[keep].clone(),
+        spectrum.vectors[keep].contiguous(),
+        spectrum.iterations,
+        spectrum.basis_bytes,
+        spectrum.residuals[keep].clone(),
+        int(keep[: spectrum.top].sum()),
     )

@@ -6,7 +6,14 @@ A step then splits the gradient g of the objective (loss + weight decay) into g1
 the rest, keeps a velocity v ← βv + (1 − β)g1, takes the subspace Newton step
 d1 = −α Vᵀ(|λ|⁻¹ ⊙ V v), lets the base optimizer update with the rest, projects that update d2
 out of span(V) and applies θ ← θ + s·d2 + d1, s = clip(λ_max/λ_k, 1, clip) (1 for adaptive
-bases). Before the first ESE it is the base optimizer, bit for bit.
+bases), bounded so that s times the base's steady-state step on curvature λ_k is at most a
+Newton step (docs/fosi.md, "Why it diverged"). Before the first ESE it is the base optimizer,
+bit for bit.
+
+Safeguards (each an option): Ritz pairs whose residual is above ``residual_tol`` × max|λ| are
+dropped; after an ESE whose new subspace step raises the curvature batch's loss the base update
+runs alone until the next ESE (``ese_check``); a non-finite gradient raises at its step
+(``nonfinite_stop``).
 
 With torch.distributed initialized, every vector (eigenvectors, Lanczos basis, velocity, base
 state) is sharded over parameter coordinates: see sharding.py, sharded_base.py, pipeline.py.
@@ -24,7 +31,12 @@ import torch.distributed as dist
 from torch import nn
 
 from kfac_hpc.optim.fosi.hvp import HessianVectorProduct
-from kfac_hpc.optim.fosi.lanczos import ExtremeSpectrum, NonFiniteCurvature, lanczos_extremes
+from kfac_hpc.optim.fosi.lanczos import (
+    ExtremeSpectrum,
+    NonFiniteCurvature,
+    converged_pairs,
+    lanczos_extremes,
+)
 from kfac_hpc.optim.fosi.options import FOSIOptions
 from kfac_hpc.optim.fosi.pipeline import CurvaturePipeline
 from kfac_hpc.optim.fosi.sharded_base import ShardedBase, weight_decay_vector
@@ -136,6 +148,9 @@ class FOSI(torch.optim.Optimizer):
         self.last_ese_s = 0.0  # seconds of this rank's last ESE (0 on pipelined trainers)
         self.reestimated_at: list[int] = []  # steps whose ESE replaced eigenpairs dropped
         self.reestimate_pending = False  # an ESE is due at the next step, whatever the schedule
+        self.top = 0  # how many of the eigenpairs are of the largest (the rest: the smallest)
+        self.pairs_kept: list[int] = []  # per ESE: Ritz pairs that passed the residual test
+        self.rejected_at: list[int] = []  # steps whose ESE's subspace step raised the loss
 
     # -- properties -------------------------------------------------------------------
     @property
@@ -172,6 +187,7 @@ class FOSI(torch.optim.Optimizer):
         self.eigenvalues = torch.empty(0, dtype=torch.float64)
         self.vectors = None
         self.velocity = None
+        self.top = 0
         self.reestimate_pending = True
         if self.step_count not in self.reestimated_at:
             self.reestimated_at.append(self.step_count)
@@ -213,19 +229,23 @@ class FOSI(torch.optim.Optimizer):
             g = self.shard.reduce_scatter_mean(grads)
         else:
             g = self.shard.local(grads)
+        if self.options.nonfinite_stop:
+            self._check_finite(g)
         lap("grad_allreduce")
         if due and self.pipeline is not None:
             self.pipeline.request(self.step_count, flatten(self.params))
         elif due:
             assert closure is not None
             spectrum, loss = self._estimate(closure, seed)
-            self._install(spectrum.eigenvalues, spectrum.vectors, self.step_count)
+            self._install(spectrum.eigenvalues, spectrum.vectors, self.step_count, spectrum.top)
+            if self.options.ese_check:
+                self._check_subspace(closure, g, loss)
             lap("ese")
         if self.pipeline is not None and self.pipeline.due(
             self.step_count, self.options.max_staleness
         ):
-            snapshot, values, vectors = self.pipeline.take()
-            self._install(values, vectors, snapshot)
+            snapshot, values, vectors, top = self.pipeline.take()
+            self._install(values, vectors, snapshot, top)
         theta = self.shard.local(flatten(self.params))
         new = self._update(theta, g)
         lap("optimizer")
@@ -241,32 +261,86 @@ class FOSI(torch.optim.Optimizer):
         if V is None or v is None or V.shape[0] == 0:
             return self.sharded_base.step(theta, g)
         o = self.options
-        wd = self.sharded_base.weight_decay().to(g.dtype)
-        coeffs = self.shard.allreduce(torch.stack([V @ (g + wd * theta), V @ v]))
-        c_g, c_v = coeffs[0], coeffs[1]
+        c_g, c_v = self._coefficients(theta, g)
         g1 = c_g @ V
         v.mul_(o.momentum).add_(g1, alpha=1 - o.momentum)
-        c_v = o.momentum * c_v + (1 - o.momentum) * c_g  # V v, V orthonormal
-        d1 = -o.alpha * ((c_v / self.eigenvalues.abs().to(g.dtype)) @ V)
+        d1 = self._newton_step(c_v)
         # the base adds its weight decay itself: it gets the loss gradient minus g1
         d2 = self.sharded_base.step(theta, g - g1) - theta
         d2 -= self.shard.allreduce(V @ d2) @ V
         return theta + self._scale() * d2 + d1
 
+    def _coefficients(self, theta: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(V g_obj, V v'): the gradient of the objective and the velocity after this step's
+        update in the eigenbasis (k + l numbers each, one allreduce; V orthonormal)."""
+        V, v = self.vectors, self.velocity
+        assert V is not None and v is not None and self.sharded_base is not None
+        wd = self.sharded_base.weight_decay().to(g.dtype)
+        coeffs = self.shard.allreduce(torch.stack([V @ (g + wd * theta), V @ v]))
+        beta = self.options.momentum
+        return coeffs[0], beta * coeffs[1] + (1 - beta) * coeffs[0]
+
+    def _newton_step(self, c_v: torch.Tensor) -> torch.Tensor:
+        """d1 = −α Vᵀ(|λ|⁻¹ ⊙ V v) from the velocity's coefficients ``c_v``."""
+        assert self.vectors is not None
+        lam = self.eigenvalues.abs().to(c_v.dtype)
+        return -self.options.alpha * ((c_v / lam) @ self.vectors)
+
     def _scale(self) -> float:
-        """s = clip(λ_max / λ_k, 1, clip); 1 for adaptive bases, without k or with λ_k <= 0."""
-        k = min(self.options.k, self.eigenvalues.numel())
+        """s = clip(λ_max / λ_k, 1, clip), at most 1 / (η λ_k) (η: the base's steady-state
+        step, lr/(1 − momentum)) but at least 1; 1 for adaptive bases, without k or with
+        λ_k <= 0."""
+        k = self.top
         assert self.sharded_base is not None
         if self.sharded_base.adaptive or k == 0 or self.eigenvalues[k - 1] <= 0:
             return 1.0
-        ratio = float(self.eigenvalues[0] / self.eigenvalues[k - 1])
-        return min(max(ratio, 1.0), self.options.clip)
+        lam_k = float(self.eigenvalues[k - 1])
+        ratio = min(max(float(self.eigenvalues[0]) / lam_k, 1.0), self.options.clip)
+        newton = 1.0 / (self.sharded_base.effective_step() * lam_k)
+        return min(ratio, max(newton, 1.0))
+
+    def _check_finite(self, g: torch.Tensor) -> None:
+        """Raise :class:`NonFiniteCurvature` (on every rank alike) when the gradient of this
+        step is NaN or inf on some rank: the loss or the parameters diverged."""
+        bad = self.shard.allreduce((~torch.isfinite(g)).any().to(torch.float64).reshape(1))
+        if bad.item():
+            raise NonFiniteCurvature(
+                f"FOSI: the gradient is not finite (NaN or inf) at step {self.step_count}: the "
+                "loss or the parameters diverged; lower the learning rate, alpha or clip",
+                step=self.step_count,
+                diverged=True,
+                in_gradient=True,
+            )
+
+    def _check_subspace(self, closure: Closure, g: torch.Tensor, loss: torch.Tensor | None) -> None:
+        """Drop the new eigenpairs (the base update alone until the next ESE; the step is
+        recorded in ``rejected_at``) when the subspace step d1 they give now raises the
+        closure's loss (summed over ranks). The parameters and the module's buffers are left
+        as they were."""
+        if self.vectors is None or not self.eigenvalues.numel() or loss is None:
+            return
+        saved = flatten(self.params)
+        theta = self.shard.local(saved)
+        _, c_v = self._coefficients(theta, g)
+        buffers = [] if self.model is None else [b.clone() for b in self.model.buffers()]
+        self._write_local(theta + self._newton_step(c_v))
+        trial = closure().detach()
+        self._write_params(saved)
+        if self.model is not None:
+            for live, kept in zip(self.model.buffers(), buffers, strict=True):
+                live.copy_(kept)
+        losses = self.shard.allreduce(torch.stack([loss, trial]).to(torch.float64))
+        if not bool(losses[1] <= losses[0]):  # a NaN trial loss is a rise too
+            self.eigenvalues = torch.empty(0, dtype=torch.float64)
+            self.vectors, self.velocity, self.top = None, None, 0
+            self.rejected_at.append(self.step_count)
 
     # -- ESE --------------------------------------------------------------------------
     def _estimate(self, closure: Closure, seed: int) -> tuple[ExtremeSpectrum, torch.Tensor | None]:
-        """Lanczos on the mean Hessian (+ weight decay) of every rank's closure loss; the
-        module's buffers are restored afterwards. Raises :class:`NonFiniteCurvature` (on every
-        rank) when a Hessian-vector product is NaN or inf, naming the step and the loss."""
+        """Lanczos on the mean Hessian (+ weight decay) of every rank's closure loss, its
+        converged pairs only (``residual_tol``); the module's buffers are restored afterwards.
+        Raises :class:`NonFiniteCurvature` (on every rank) when a Hessian-vector product is NaN
+        or inf, naming the step and the loss."""
         started = time.perf_counter()
         buffers = [] if self.model is None else [b.clone() for b in self.model.buffers()]
         hvp = HessianVectorProduct(self.params, closure, self.model, self.options.hvp)
@@ -279,7 +353,8 @@ class FOSI(torch.optim.Optimizer):
 
         m = min(self.options.iterations, self.n)
         try:
-            spectrum = lanczos_extremes(operator, shard, self.options.k, self.options.l, m, seed)
+            o = self.options
+            spectrum = lanczos_extremes(operator, shard, o.k, o.l, m, seed, o.lanczos_tol)
         except NonFiniteCurvature as exc:
             loss = float("nan") if hvp.loss is None else float(hvp.loss)
             diverged = not (
@@ -303,11 +378,16 @@ class FOSI(torch.optim.Optimizer):
         self.hvp_mode_used = hvp.mode_used
         self.lanczos_basis_bytes = spectrum.basis_bytes
         self.last_ese_s = time.perf_counter() - started
-        return spectrum, hvp.loss
+        return converged_pairs(spectrum, self.options.residual_tol), hvp.loss
 
-    def _install(self, values: torch.Tensor, vectors: torch.Tensor, snapshot_step: int) -> None:
-        """Swap in eigenpairs (float64 ``(K,)``, ``(K, n_r)``) computed at ``snapshot_step``."""
+    def _install(
+        self, values: torch.Tensor, vectors: torch.Tensor, snapshot_step: int, top: int
+    ) -> None:
+        """Swap in eigenpairs (float64 ``(K,)``, ``(K, n_r)``; the first ``top`` of the
+        largest) computed at ``snapshot_step``."""
         dtype = self.params[0].dtype
+        self.top = top
+        self.pairs_kept.append(values.numel())
         self.eigenvalues = values.to(torch.float64).clone()
         self.vectors = vectors.to(dtype).contiguous()
         if self.velocity is None:
@@ -321,7 +401,8 @@ class FOSI(torch.optim.Optimizer):
             raise ValueError(
                 f"FOSI.set_spectrum: vectors must be ({eigenvalues.numel()}, {self.n})"
             )
-        self._install(eigenvalues, self.shard.local(vectors), self.step_count)
+        top = min(self.options.k, eigenvalues.numel())
+        self._install(eigenvalues, self.shard.local(vectors), self.step_count, top)
 
     # -- parameters -------------------------------------------------------------------
     def _write_params(self, flat: torch.Tensor) -> None:
@@ -340,6 +421,9 @@ class FOSI(torch.optim.Optimizer):
             "staleness": list(self.staleness),
             "hvp_mode_used": self.hvp_mode_used,
             "reestimated_at": list(self.reestimated_at),
+            "top": self.top,
+            "pairs_kept": list(self.pairs_kept),
+            "rejected_at": list(self.rejected_at),
         }
 
     def _load_counters(self, state: dict[str, Any]) -> None:
@@ -349,6 +433,10 @@ class FOSI(torch.optim.Optimizer):
         self.hvp_mode_used = state["hvp_mode_used"]
         self.reestimated_at = [int(s) for s in state.get("reestimated_at", [])]
         self.reestimate_pending = False
+        pairs = int(state["eigenvalues"].numel())
+        self.top = int(state.get("top", min(self.options.k, pairs)))
+        self.pairs_kept = [int(s) for s in state.get("pairs_kept", [])]
+        self.rejected_at = [int(s) for s in state.get("rejected_at", [])]
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state (its coordinates of V, the velocity and the base state, plus λ

@@ -46,6 +46,9 @@ def _check_table(name: str, value: object) -> None:
     if option.choices:
         _check(value in option.choices, name, value, f"one of {', '.join(option.choices)}")
         return
+    if option.kind == "bool":
+        _check(isinstance(value, bool), name, value, "True or False")
+        return
     integer = option.kind == "int"
     kind_ok = _is_int(value) if integer else _is_finite(value)
     words = valid_range(option) or "a finite number"
@@ -64,6 +67,11 @@ class FOSIOptions:
     route; ``seed``: of the Lanczos start vectors; ``average_gradients``: FOSI averages the
     gradients over ranks itself (False when DDP already did); ``curvature_ranks``: ranks given to
     ESE only (0: every rank does both); ``max_staleness``: steps a pipelined ESE may lag.
+    ``lanczos_tol``: Lanczos stops once the k + l wanted pairs have residuals ≤ lanczos_tol ×
+    max|λ| (None: all steps). The safeguards: ``residual_tol``: a Ritz pair is kept only when
+    ‖Hv − λv‖ ≤ residual_tol × max|λ|; ``ese_check``: after an ESE, the base update alone
+    until the next ESE when the new subspace step raises the curvature batch's loss;
+    ``nonfinite_stop``: a non-finite gradient raises at once (``NonFiniteCurvature``).
 
     The defaults and valid ranges of the options the job has too are its option table's
     (contracts/options.py, ``LIBRARY_PARAMETERS``)."""
@@ -81,6 +89,10 @@ class FOSIOptions:
     average_gradients: bool = True
     curvature_ranks: int = _DEFAULT["curvature_ranks"]
     max_staleness: int = _DEFAULT["max_staleness"]
+    lanczos_tol: float | None = _DEFAULT["lanczos_tol"]
+    residual_tol: float = _DEFAULT["residual_tol"]
+    ese_check: bool = _DEFAULT["ese_check"]
+    nonfinite_stop: bool = _DEFAULT["nonfinite_stop"]
 
     def __post_init__(self) -> None:
         for name in ("k", "l", "alpha", "momentum", "ese_every", "warmup", "lanczos_iters"):
@@ -90,7 +102,8 @@ class FOSIOptions:
         iters = self.lanczos_iters
         _check(iters is None or iters >= self.k + self.l, "lanczos_iters", iters,
                f"None or an integer >= k + l = {self.k + self.l}")  # fmt: skip
-        for name in ("clip", "hvp", "curvature_ranks", "max_staleness"):
+        for name in ("clip", "hvp", "curvature_ranks", "max_staleness", "lanczos_tol",
+                     "residual_tol", "ese_check", "nonfinite_stop"):  # fmt: skip
             _check_table(name, getattr(self, name))
         # any integer seeds the Lanczos start vectors (the job's seed >= 0 is the job's bound)
         _check(_is_int(self.seed), "seed", self.seed, "an integer")

@@ -81,7 +81,7 @@ class CurvaturePipeline:
             snapshot = flat_params.detach().clone()
             sends = [_started(dist.isend(snapshot, self.trainers + j)) for j in range(self.curvers)]
         mine = (self.shard.start, self.shard.stop)
-        eigenvalues = torch.empty(self.pairs, dtype=torch.float64)
+        eigenvalues = torch.empty(self.pairs + 1, dtype=torch.float64)  # and the top count
         works = [_started(dist.irecv(eigenvalues, self.trainers))]
         blocks = []
         for j in range(self.curvers):
@@ -104,17 +104,19 @@ class CurvaturePipeline:
         dist.all_reduce(arrived, op=dist.ReduceOp.MIN, group=self.shard.group)
         return bool(arrived.item())
 
-    def take(self) -> tuple[int, torch.Tensor, torch.Tensor]:
+    def take(self) -> tuple[int, torch.Tensor, torch.Tensor, int]:
         """Wait for the pending result: (snapshot step, eigenvalues ``(K,)`` float64,
-        this rank's eigenvector coordinates ``(K, n_r)``), ``K <= k + l``."""
+        this rank's eigenvector coordinates ``(K, n_r)``, how many of them are of the largest),
+        ``K <= k + l``."""
         p = self.pending
         assert p is not None
         for work in [*p.works, *p.sends]:
             work.wait()
         self.pending = None
-        found = int((~torch.isnan(p.eigenvalues)).sum())
+        values, top = p.eigenvalues[:-1], int(p.eigenvalues[-1])
+        found = int((~torch.isnan(values)).sum())
         vectors = torch.cat(p.blocks, dim=1) if p.blocks else torch.empty(self.pairs, 0)
-        return p.step, p.eigenvalues[:found].clone(), vectors[:found].contiguous()
+        return p.step, values[:found].clone(), vectors[:found].contiguous(), top
 
     # -- curvature ranks ----------------------------------------------------------------
     def receive_snapshot(self, like: torch.Tensor) -> torch.Tensor:
@@ -129,8 +131,9 @@ class CurvaturePipeline:
         found = spectrum.eigenvalues.numel()
         works = []
         if self.shard.rank == 0:
-            values = torch.full((self.pairs,), float("nan"), dtype=torch.float64)
+            values = torch.full((self.pairs + 1,), float("nan"), dtype=torch.float64)
             values[:found] = spectrum.eigenvalues
+            values[-1] = spectrum.top
             works += [_started(dist.isend(values, r)) for r in range(self.trainers)]
         mine = (self.shard.start, self.shard.stop)
         blocks = []

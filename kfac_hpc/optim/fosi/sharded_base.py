@@ -13,6 +13,7 @@ of the base optimizer.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -90,6 +91,17 @@ class ShardedBase:
     @property
     def adaptive(self) -> bool:
         return isinstance(self.base, ADAPTIVE_BASES)
+
+    def effective_step(self) -> float:
+        """The largest steady-state step size of the base over its groups: lr(1 − dampening)/
+        (1 − momentum) for the SGD family (a heavy ball's velocity sums a constant gradient to
+        1/(1 − momentum) times it); infinite for a momentum of 1 or more."""
+        steps = []
+        for group in self.base.param_groups:
+            momentum = float(group.get("momentum", 0.0))
+            lr = float(group["lr"]) * (1.0 - float(group.get("dampening", 0.0)))
+            steps.append(lr / (1.0 - momentum) if momentum < 1.0 else math.inf)
+        return max(steps)
 
     def weight_decay(self) -> torch.Tensor:
         """Per local coordinate, the weight decay of its group, float64 ``(n_r,)``."""

@@ -97,15 +97,20 @@ class FOSIMethod(Method):
             self.fosi.step(curvature_loss, lap=timer.lap)  # charges each part of the step
         except NonFiniteCurvature as exc:  # on every rank alike (allreduced numbers)
             what, found = (
-                ("loss", "the parameters or the curvature-batch loss")
+                ("loss", "FOSI's check of every step: the gradient is")
+                if exc.in_gradient
+                else ("loss", "FOSI's ESE: the parameters or the curvature-batch loss are")
                 if exc.diverged
-                else ("curvature", "the loss is finite, its Hessian-vector products")
+                else (
+                    "curvature",
+                    "FOSI's ESE: the loss is finite, its Hessian-vector products are",
+                )
             )
             lr, alpha, clip = (OPTIONS[n].flag for n in ("lr", "fosi_alpha", "fosi_clip"))
             raise TrainingDiverged(
-                f"the {what} became non-finite at step {exc.step} (FOSI's ESE: {found} are "
-                "not finite); the run stopped without checkpointing that state: lower "
-                f"{lr}, {alpha} or {clip} and start a new run"
+                f"the {what} became non-finite at step {exc.step} ({found} not finite); the run "
+                f"stopped at that step without checkpointing that state: lower {lr}, {alpha} or "
+                f"{clip} and start a new run"
             ) from None
         if self.fosi.last_ese_s:
             self.ese_s.append(self.fosi.last_ese_s)
@@ -151,6 +156,8 @@ class FOSIMethod(Method):
             "curvature_ranks": 0 if fosi.pipeline is None else fosi.pipeline.curvers,
             "fosi_memory_bytes": memory,
             "fosi_reestimated_at_steps": list(fosi.reestimated_at),
+            "fosi_pairs_kept": list(fosi.pairs_kept),
+            "fosi_subspace_rejected_at_steps": list(fosi.rejected_at),
             "fosi_resume_note": self.resume_note,
         }
 

@@ -48,6 +48,7 @@ CONFIG = {
     "fosi_warmup": 1,
     "ese_every": 3,
     "lanczos_iters": 12,
+    "fosi_residual_tol": 1.0,  # every Ritz pair kept (4 per ESE): the steps use all of V
     "fosi_hvp": "double-backward",
     "optimizer": "sgd",
     "lr": 0.1,

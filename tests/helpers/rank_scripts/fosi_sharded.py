@@ -32,8 +32,9 @@ from tests.helpers.rank_checks import main_or_leave
 
 GLOBAL_BATCH = 24
 STEPS = 6
+# residual_tol 1: every Ritz pair kept (4 of them in each ESE), so that the steps use all of V
 FOSI_OPTIONS: dict[str, Any] = {"k": 3, "l": 1, "alpha": 0.05, "warmup": 1, "ese_every": 3,
-                                "hvp": "double-backward"}  # fmt: skip
+                                "hvp": "double-backward", "residual_tol": 1.0}  # fmt: skip
 
 
 def build_model() -> nn.Module:
@@ -76,6 +77,7 @@ def run(name: str, world: int, rank: int, resume: Path | None) -> dict[str, Any]
     model = build_model()
     opt = FOSI(model.parameters(), build_base(model, base_name), model=model,
                curvature_ranks=curvature[world], max_staleness=staleness,
+               ese_check=not curvature[2],  # not applied with curvature ranks: P = 1 alike
                **FOSI_OPTIONS)  # fmt: skip
     if resume is not None:
         with h5py.File(resume / f"{name}.h5", "r") as f:

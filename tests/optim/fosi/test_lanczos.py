@@ -95,7 +95,8 @@ def test_ese_leaves_batchnorm_running_statistics_unchanged() -> None:
     x = torch.randn(16, 4, dtype=torch.float64)
     y = torch.randint(0, 2, (16,))
     base = torch.optim.SGD(model.parameters(), lr=0.1)
-    opt = FOSI(model.parameters(), base, k=2, warmup=0, model=model)
+    opt = FOSI(model.parameters(), base, k=2, warmup=0, lanczos_iters=16,
+               model=model)  # fmt: skip
     model.zero_grad()
     nn.functional.cross_entropy(model(x), y).backward()  # the training forward updates them
     before = {n: b.clone() for n, b in model.named_buffers()}

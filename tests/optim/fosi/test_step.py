@@ -4,7 +4,8 @@ Oracle of the formula: plain float64 matrices. With V (K × n, orthonormal rows)
 velocity v0 = 0, momentum β, step α, base SGD(lr, momentum, weight decay wd) at its first step
 (momentum buffer = its gradient) and P = VᵀV:
     g_obj = g + wd θ,  g1 = P g_obj,  v = (1 − β) g1,  d1 = −α Vᵀ diag(|λ|⁻¹) V v,
-    d2 = (I − P)(−lr (g − g1 + wd θ)),  θ' = θ + s d2 + d1,  s = clip(λ1 / λk, 1, c);
+    d2 = (I − P)(−lr (g − g1 + wd θ)),  θ' = θ + s d2 + d1,
+    s = min(clip(λ1 / λk, 1, c), max(1, 1/(η λk))), η = max over groups of lr/(1 − momentum);
 for Adam, d2 = (I − P)(−lr ĝ/(|ĝ| + ε)), Adam's first step on ĝ = g − g1 + wd θ, and s = 1.
 Tolerance 1e-12 relative (observed about 1e-16).
 """
@@ -74,7 +75,7 @@ def _orthonormal(k: int, n: int) -> torch.Tensor:
     return q.T.contiguous()
 
 
-@pytest.mark.parametrize("base_name", ["heavy_ball", "adam"])
+@pytest.mark.parametrize("base_name", ["sgd", "heavy_ball", "adam"])  # s = 2 or 3, 1, 1
 @pytest.mark.parametrize("eigenvalues", [[4.0, 2.0, -0.5], [40.0, 2.0, 1.0]])
 def test_one_step_with_given_spectrum_equals_the_dense_formula(
     base_name: str, eigenvalues: list[float]
@@ -104,7 +105,9 @@ def test_one_step_with_given_spectrum_equals_the_dense_formula(
         scale = 1.0
     else:
         d2 = -lrs * grad
-        scale = min(max(eigenvalues[0] / eigenvalues[1], 1.0), 3.0)
+        eta = max(g["lr"] / (1 - g["momentum"]) for g in opt.base.param_groups)
+        newton = max(1.0, 1.0 / (eta * eigenvalues[1]))
+        scale = min(max(eigenvalues[0] / eigenvalues[1], 1.0), 3.0, newton)
     d2 = d2 - P @ d2
     want = theta + scale * d2 + d1
     opt.step()
