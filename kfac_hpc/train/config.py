@@ -28,6 +28,13 @@ from kfac_hpc.contracts.grad_workers import check_grad_worker_fraction, parse_gr
 from kfac_hpc.contracts.option_values import check_value, coerce_value, expand_aliases
 from kfac_hpc.contracts.options import LIBRARY_PARAMETERS, OPTIONS, method_of, resolve_switches
 from kfac_hpc.contracts.textfile import read_user_text
+from kfac_hpc.contracts.workload_names import (
+    BUILTIN_DATASETS,
+    BUILTIN_MODELS,
+    KINDS,
+    absolute_name,
+    parse_reference,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,6 +45,7 @@ __all__ = [
     "OPERATIONAL_FIELDS",
     "BatchSizes",
     "ConfigError",
+    "Target",
     "TrainConfig",
     "check_run_dir",
     "field_help",
@@ -87,8 +95,15 @@ class TrainConfig:
                 check_value(option, getattr(self, option.name))
             except InputError as exc:
                 raise ConfigError(exc.field, exc.reason) from None
+        for kind in KINDS:
+            try:
+                parse_reference(kind, getattr(self, kind))
+            except InputError as exc:
+                raise ConfigError(exc.field, exc.reason) from None
+            self.factory_args(kind)
+        builtin = self.model in BUILTIN_MODELS and self.dataset in BUILTIN_DATASETS
         sequences = self.dataset == "mnist1d"
-        if sequences != (self.model == "cnn1d") and self.model != "mlp":
+        if builtin and sequences != (self.model == "cnn1d") and self.model != "mlp":
             raise ConfigError(
                 "model",
                 f"{self.model!r} does not fit dataset {self.dataset!r}: use cnn1d or mlp for "
@@ -100,8 +115,10 @@ class TrainConfig:
             raise ConfigError(exc.field, exc.reason) from None
         if self.fosi:
             self._validate_fosi()
-        if self.stop_at_target and self.target_accuracy is None:
-            raise ConfigError("stop_at_target", "needs --target-accuracy")
+        if self.target_accuracy is not None and self.target_loss is not None:
+            raise ConfigError("target_loss", "give one target: --target-accuracy or --target-loss")
+        if self.stop_at_target and self.target is None:
+            raise ConfigError("stop_at_target", "needs --target-accuracy or --target-loss")
         if self.dataset in ("cifar10", "imagefolder") and not self.data_path:
             raise ConfigError("data_path", f"dataset {self.dataset!r} needs --data-path DIR")
         if self.data_path and not Path(self.data_path).is_dir():
@@ -126,6 +143,36 @@ class TrainConfig:
             raise ConfigError(
                 "max_staleness", f"{self.max_staleness} must be < --ese-every {self.ese_every}"
             )
+
+    def factory_args(self, kind: str) -> dict[str, str]:
+        """The ``--model-arg`` (``kind`` "model") or ``--dataset-arg`` pairs as a dict;
+        ConfigError naming the flag for an item that is not ``key=value``."""
+        out: dict[str, str] = {}
+        for item in getattr(self, f"{kind}_arg"):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip().isidentifier():
+                raise ConfigError(f"{kind}_arg", f"{item!r} is not key=value (key a Python name)")
+            out[key.strip()] = value
+        return out
+
+    def workload(self) -> dict[str, Any]:
+        """The workload as checkpoints and run.json record it: names and factory arguments."""
+        return {
+            "model": self.model,
+            "model_args": self.factory_args("model"),
+            "dataset": self.dataset,
+            "dataset_args": self.factory_args("dataset"),
+        }
+
+    @property
+    def target(self) -> Target | None:
+        """The time-to-target's metric and value: ``--target-accuracy`` (higher is better) or
+        ``--target-loss`` (lower is better); None without one."""
+        if self.target_accuracy is not None:
+            return Target("accuracy", self.target_accuracy)
+        if self.target_loss is not None:
+            return Target("loss", self.target_loss)
+        return None
 
     @property
     def method(self) -> str:
@@ -192,6 +239,20 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class Target:
+    """A quality to reach: ``metric`` (``accuracy``, higher is better; ``loss``, lower is
+    better) and its ``value``."""
+
+    metric: str
+    value: float
+
+    def reached(self, accuracy: float, loss: float) -> bool:
+        if self.metric == "accuracy":
+            return accuracy >= self.value
+        return loss <= self.value
+
+
+@dataclass(frozen=True)
 class BatchSizes:
     """Samples per optimizer step over all ranks, and on each rank."""
 
@@ -234,6 +295,9 @@ def load_config(path: str | Path | None, overrides: Mapping[str, Any]) -> TrainC
         values = resolve_switches({k: coerce_value(OPTIONS[k], v) for k, v in raw.items()})
     except InputError as exc:
         raise ConfigError(exc.field, exc.reason) from None
+    for kind in KINDS:  # a file.py:callable is recorded absolute (ranks may start elsewhere)
+        if isinstance(values.get(kind), str):
+            values[kind] = absolute_name(values[kind])
     config = TrainConfig(**values)
     config.validate()
     return config

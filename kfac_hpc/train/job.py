@@ -45,19 +45,20 @@ from kfac_hpc.contracts import OPTIONS, PHASES, HostMemory, RunDir
 from kfac_hpc.optim.finite import all_finite
 from kfac_hpc.runtime import DistributedContext
 from kfac_hpc.train.config import ConfigError, TrainConfig
-from kfac_hpc.train.data import DataSource, ShardedBatches
+from kfac_hpc.train.data import METRICS, DataSource, ShardedBatches
 from kfac_hpc.train.faults import fault_plan
 from kfac_hpc.train.methods import MethodSetup, build_method, method_name
 from kfac_hpc.train.methods.base import TrainingDiverged
 from kfac_hpc.train.methods.resume import recorded, training_mismatch
-from kfac_hpc.train.models import build_model
 from kfac_hpc.train.optimizers import learning_rate
 from kfac_hpc.train.preemption import PreemptionHandler
 from kfac_hpc.train.progress import Progress
 from kfac_hpc.train.records import WindowRecorder, eval_record, run_facts
 from kfac_hpc.train.step import TrainStep, evaluate
 from kfac_hpc.train.summary import AttemptLog
+from kfac_hpc.train.threads import set_rank_threads
 from kfac_hpc.train.timing import PhaseTimer, phase_timer
+from kfac_hpc.train.workloads import build_model
 
 __all__ = ["Job", "PeerInputError", "Position", "TrainingDiverged", "agree_on_input"]
 
@@ -179,9 +180,10 @@ class Job:
         self.attempt = 0
         self.wall_base_s = 0.0
         self.fault = fault_plan()
+        self.threads = set_rank_threads(config.threads, ctx.launch.local_world_size)
         torch.manual_seed(config.seed)
         self.model: nn.Module = build_model(
-            config.model, data.shape, data.num_classes, config.cnn1d_channels
+            config, data.shape, data.num_classes, self.rank, self.world_size
         )
         self.model.to(ctx.device)
         self.method = build_method(
@@ -232,6 +234,7 @@ class Job:
                 method=self.method.name,
                 config_method=self.config.method,
                 optimizer=self.config.optimizer,
+                workload=self.config.workload(),
             )
             if mismatch is not None and named:  # the user's file: refused naming the setting
                 where = f"; {OPTIONS['resume_from'].flag} {checkpoint.path}"
@@ -292,8 +295,8 @@ class Job:
         )
 
     # ----------------------------------------------------------------- evaluation
-    def evaluate(self, step: int) -> float:
-        """Test accuracy over every rank's share of the test set; rank 0 records it."""
+    def evaluate(self, step: int) -> tuple[float, float]:
+        """Test (loss, accuracy) over every rank's share of the test set; rank 0 records it."""
         self.method.synchronize()
         self._average_buffers()
         loss, accuracy = evaluate(self.model, self.batches, self.ctx.device, self.world_size)
@@ -301,7 +304,7 @@ class Job:
             epoch = step // self.steps_per_epoch
             record = eval_record(self.attempt, step, epoch, self.wall_s(), loss, accuracy)
             self.run_dir.append_metrics(record)
-        return accuracy
+        return loss, accuracy
 
     def _average_buffers(self) -> None:
         """BatchNorm running statistics differ per rank; test (and save) their average."""
@@ -332,7 +335,7 @@ class Job:
             extra={
                 "attempt": self.attempt,
                 "wall_s": self.wall_s(),
-                **recorded(self.method.name, self.config.optimizer),
+                **recorded(self.method.name, self.config.optimizer, self.config.workload()),
             },
         )
         (self.writer or self.manager).save(state)
@@ -402,9 +405,9 @@ class Job:
             self.diverged_at = step
 
     def _evaluate_at(self, step: int, progress: Progress) -> None:
-        accuracy = self.evaluate(step)
-        target = self.config.target_accuracy
-        if target is not None and accuracy >= target:
+        loss, accuracy = self.evaluate(step)
+        target = self.config.target
+        if target is not None and target.reached(accuracy, loss):
             self.reached_target = True
         progress.epoch(step, accuracy, self.wall_s())
 
@@ -430,8 +433,12 @@ class Job:
         method = {"method": self.method.name, **self.method.run_facts()}
         epochs = step // self.steps_per_epoch
         facts = run_facts(self.config, self.ctx, self.run_dir, method, step, epochs, step_times)
+        metric = self.batches.source.metric
         return {
             **facts,
+            **self.threads,
+            "metric": metric,
+            "higher_is_better": METRICS[metric],
             "host_memory": str(self.host_memory),
             "skipped_checkpoints": self._skipped_records(),
         }

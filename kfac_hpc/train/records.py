@@ -188,8 +188,7 @@ def run_facts(
     return {
         "run_id": run_dir.root.resolve().name,
         "config_hash": config.config_hash(),
-        "model": config.model,
-        "dataset": config.dataset,
+        **config.workload(),
         "optimizer": config.optimizer,
         **method,
         "scaling": config.scaling,
@@ -203,6 +202,7 @@ def run_facts(
         "steps": step,
         "epochs": epochs,
         "target_accuracy": config.target_accuracy,
+        "target_loss": config.target_loss,
         "step_s": step_time_stats(step_times),
         "peak_rss_bytes": rss,
         "peak_cuda_bytes": cuda,

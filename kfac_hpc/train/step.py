@@ -38,7 +38,7 @@ class TrainStep:
         self.device = device
         self.method = method
         self.grad_sync = GradientAllreduce(model, world_size)
-        self.loss_fn = nn.CrossEntropyLoss()
+        self.loss_fn = batches.source.loss
 
     def __call__(
         self, step: int, lr: float, flags: list[float], timer: PhaseTimer
@@ -67,17 +67,19 @@ class TrainStep:
 def evaluate(
     model: nn.Module, batches: ShardedBatches, device: torch.device, world_size: int
 ) -> tuple[float, float]:
-    """(mean loss, accuracy) over every rank's share of the test set. Collective."""
+    """(mean loss, accuracy) over every rank's share of the test set, per target position
+    (a sample's class, or each token of a sequence); the loss is the workload's. Collective."""
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=device)
+    loss_fn = batches.source.loss
     with torch.no_grad():
         for idx in batches.test_batches(EVAL_BATCH):
             x, y = batches.source.test(idx)
             x, y = x.to(device), y.to(device)
             logits = model(x)
-            totals[0] += nn.functional.cross_entropy(logits, y, reduction="sum")
-            totals[1] += (logits.argmax(1) == y).sum()
-            totals[2] += len(y)
+            totals[0] += loss_fn(logits, y).double() * y.numel()
+            totals[1] += (logits.argmax(-1) == y).sum()
+            totals[2] += y.numel()
     model.train()
     if world_size > 1:
         dist.all_reduce(totals)
