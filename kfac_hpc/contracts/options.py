@@ -575,6 +575,17 @@ RUN_OPTIONS: tuple[Option, ...] = (
         operational=True,
     ),
     _o(
+        "data_workers",
+        "int",
+        None,
+        "worker processes reading a Dataset's samples ahead of the step (default: half the "
+        "rank's threads, at most 4; 0 reads them in the step; in-memory tensors never use them)",
+        check="nonnegative",
+        maximum=64,
+        optional=True,
+        operational=True,
+    ),
+    _o(
         "backend",
         "str",
         "auto",

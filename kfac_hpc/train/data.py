@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from kfac_hpc.train.loader import StepLoader
+
 if TYPE_CHECKING:
     from kfac_hpc.train.workloads import FactoryContext
 
@@ -74,6 +76,7 @@ class DataSource:
     test: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy
     metric: str = "accuracy"
+    dataset: Dataset | None = None  # the train Dataset behind ``train``, for worker processes
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
@@ -124,6 +127,7 @@ def dataset_source(name: str, train: Dataset, test: Dataset) -> DataSource:
         len(test),  # type: ignore[arg-type]
         _stacked(train),
         _stacked(test),
+        dataset=train,
     )
 
 
@@ -312,11 +316,19 @@ class ShardedBatches:
         seed: int,
         augment: bool,
         pin_memory: bool = False,
+        workers: int = 0,
     ) -> None:
         """``pin_memory``: hand out batches in page-locked host memory, so that the copy to
-        the GPU (``.to(device, non_blocking=True)``) runs asynchronously."""
+        the GPU (``.to(device, non_blocking=True)``) runs asynchronously. ``workers``: read a
+        Dataset's samples (``source.dataset``) in that many worker processes, ahead of the
+        step (:mod:`kfac_hpc.train.loader`); in-memory tensors are always read in place."""
         self.source = source
         self.pin_memory = pin_memory
+        self.loader = (
+            StepLoader(source.dataset, workers, pin_memory)
+            if workers > 0 and source.dataset is not None
+            else None
+        )
         self.global_batch = global_batch
         self.per_rank = global_batch // world_size
         self.rank = rank
@@ -333,12 +345,18 @@ class ShardedBatches:
             gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
             self._perm = torch.randperm(self.source.train_len, generator=gen)
             self._epoch = epoch
-        start = step_in_epoch * self.global_batch + self.rank * self.per_rank
-        x, y = self.source.train(self._perm[start : start + self.per_rank])
+        part = slice(self.rank * self.per_rank, (self.rank + 1) * self.per_rank)
+        if self.loader is not None:
+            x, y = self.loader.batch(
+                self._perm, epoch, step_in_epoch, self.steps_per_epoch, self.global_batch, part
+            )
+        else:
+            start = step_in_epoch * self.global_batch
+            x, y = self.source.train(self._perm[start + part.start : start + part.stop])
         if self.augment:
             key = ((self.seed * 1_000_003 + epoch) * 100_003 + step_in_epoch) * 1009 + self.rank
             x = _augment(x, torch.Generator().manual_seed(key))
-        if self.pin_memory:
+        if self.pin_memory and not x.is_pinned():
             return x.pin_memory(), y.pin_memory()
         return x, y
 

@@ -164,6 +164,10 @@ class Job:
         self.rank, self.world_size = ctx.rank, ctx.world_size
         self.comm_device = torch.device("cpu") if ctx.backend == "gloo" else ctx.device
         self.sizes = config.batch_sizes(ctx.world_size)
+        self.threads = set_rank_threads(config.threads, ctx.launch.local_world_size)
+        threads = int(self.threads["threads"])
+        workers = config.data_workers if config.data_workers is not None else min(4, threads // 2)
+        self.data_workers = workers if data.dataset is not None else 0
         self.batches = ShardedBatches(
             data,
             self.sizes.global_batch_size,
@@ -172,6 +176,7 @@ class Job:
             config.seed,
             config.augment,
             pin_memory=ctx.device.type == "cuda",
+            workers=self.data_workers,
         )
         self.steps_per_epoch = self.batches.steps_per_epoch
         self.total_steps = config.steps or config.epochs * self.steps_per_epoch
@@ -180,7 +185,6 @@ class Job:
         self.attempt = 0
         self.wall_base_s = 0.0
         self.fault = fault_plan()
-        self.threads = set_rank_threads(config.threads, ctx.launch.local_world_size)
         torch.manual_seed(config.seed)
         self.model: nn.Module = build_model(
             config, data.shape, data.num_classes, self.rank, self.world_size
@@ -437,6 +441,7 @@ class Job:
         return {
             **facts,
             **self.threads,
+            "data_workers": self.data_workers,
             "metric": metric,
             "higher_is_better": METRICS[metric],
             "host_memory": str(self.host_memory),

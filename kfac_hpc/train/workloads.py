@@ -121,11 +121,11 @@ def load_data(config: TrainConfig, rank: int = 0, world_size: int = 1) -> DataSo
         made = factory(ctx)
     except InputError:
         raise
-    except OSError as exc:  # files missing or unreadable: the data path's fault when given
-        field = "data_path" if path is not None else "dataset"
-        raise ConfigError(field, f"{config.dataset!r}: {_one_line(exc)}") from None
     except Exception as exc:  # any failure of the user's factory is bad input here
-        raise ConfigError("dataset", f"{config.dataset!r} failed: {_one_line(exc)}") from None
+        # files missing or unreadable are the data path's fault when one is given
+        field = "data_path" if path is not None and isinstance(exc, OSError) else "dataset"
+        why = f"--dataset {config.dataset} cannot be loaded here: {_one_line(exc)}"
+        raise ConfigError(field, why) from None
     source = _as_source(made, config.dataset)
     if source.train_len < 1 or source.test_len < 1:
         raise ConfigError("dataset", f"{config.dataset!r} has no training or no test samples")

@@ -10,6 +10,10 @@ from pathlib import Path
 from tests.conftest import clean_env
 
 PACKAGE = '''
+import math
+import os
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -39,6 +43,44 @@ def tiny_mlp(ctx):
     return nn.Sequential(
         nn.Linear(ctx.input_shape[0], width), nn.Tanh(), nn.Linear(width, ctx.num_classes)
     )
+
+
+class Indexed(torch.utils.data.Dataset):
+    """Sample i is (i, sin i, cos i, 1) of class i mod 3: its first feature names it."""
+
+    num_classes = 3
+
+    def __init__(self, n, offset=0):
+        self.n, self.offset = n, offset
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        t = float(i + self.offset)
+        return torch.tensor([t, math.sin(t), math.cos(t), 1.0]), (i + self.offset) % 3
+
+
+def indexed(ctx):
+    """A map-style Dataset (read by worker processes when --data-workers > 0)."""
+    n = int(ctx.args.get("n", "320"))
+    return Indexed(n), Indexed(64, offset=n)
+
+
+def recording_mlp(ctx):
+    """A small MLP that appends the sample numbers of every training batch it sees to
+    ``log``/rank<R>.txt, one line per forward, tagged with the process id."""
+    log = Path(ctx.args["log"]) / f"rank{ctx.rank}.txt"
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, ctx.num_classes))
+
+    def record(module, inputs):
+        if module.training:
+            seen = ",".join(str(int(round(v))) for v in inputs[0][:, 0].tolist())
+            with open(log, "a") as fh:
+                fh.write(f"{os.getpid()} {seen}\\n")
+
+    model.register_forward_pre_hook(record)
+    return model
 
 
 def returns_text(ctx):

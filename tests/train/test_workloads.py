@@ -51,6 +51,7 @@ def test_a_module_workload_trains_and_records_its_names_and_arguments(packages, 
     assert summary["model"] == "wlpkg:tiny_mlp" and summary["model_args"] == {"width": "12"}
     assert summary["dataset"] == "wlpkg:blobs" and summary["dataset_args"] == {"n": "192"}
     assert summary["metric"] == "accuracy" and summary["higher_is_better"] is True
+    assert (summary["threads"], summary["threads_from"]) == (1, "OMP_NUM_THREADS")  # clean_env
     assert summary["steps"] == 12 and summary["final_accuracy"] > 1 / 3  # better than chance
     config = json.loads((run_dir / "config.json").read_text())
     assert config["model_arg"] == ["width=12"] and config["dataset_arg"] == ["n=192"]
@@ -127,7 +128,7 @@ def test_a_checkpoint_is_refused_to_another_workload_by_name(packages, tmp_path)
         (["--model", "wlpkg:returns_text"], "--model", "returned a str, not a torch.nn.Module"),
         (["--model", "wlpkg:no_parameters"], "--model", "no trainable parameters"),
         (["--model", "wlpkg:missing"], "--model", "cannot be imported: AttributeError"),
-        (["--dataset", "wlpkg:tiny_mlp"], "--dataset", "failed"),
+        (["--dataset", "wlpkg:tiny_mlp"], "--dataset", "cannot be loaded here: TypeError"),
         (["--dataset", "wlpkg:returns_text"], "--dataset", "returned a str"),
         (["--model", "./nowhere.py:build"], "--model", "is not a file"),
         (["--model", "mycnn"], "--model", "is not a registered model"),
