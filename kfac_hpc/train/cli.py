@@ -54,7 +54,10 @@ def _options(command: Callable[..., Any]) -> Callable[..., Any]:
             text += f"; installed: {', '.join(installed()[name])}"
         kind = {"int": int, "float": float}.get(option.kind, str)
         if name in _REPEATABLE:
-            command = click.option(flag, name, multiple=True, callback=_joined, help=text)(command)
+            each = click.option(
+                flag, name, multiple=True, default=None, callback=_joined, help=text
+            )
+            command = each(command)
             continue
         command = click.option(flag, name, type=kind, default=None, help=text)(command)
     for alias in ("checkpoint_every", "time_limit"):

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from kfac_hpc.train.imagefolder import ImageFolder
 from kfac_hpc.train.loader import StepLoader
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ def _stacked(dataset: Dataset) -> Callable[[torch.Tensor], tuple[torch.Tensor, t
 
 def dataset_source(name: str, train: Dataset, test: Dataset) -> DataSource:
     """Map-style Datasets of (sample, class) items; the classes come from ``num_classes`` or
-    ``classes`` of ``train`` (torchvision's ImageFolder has ``classes``)."""
+    ``classes`` of ``train`` (an ImageFolder's, ours or torchvision's)."""
     classes = getattr(train, "num_classes", None)
     if classes is None and hasattr(train, "classes"):
         classes = len(train.classes)
@@ -243,16 +244,8 @@ def _cifar10(root: Path) -> DataSource:
 
 
 def _imagefolder(root: Path) -> DataSource:
-    if importlib.util.find_spec("torchvision") is None:
-        raise ImportError("dataset 'imagefolder' needs torchvision, which is not importable here")
-    from torchvision import datasets, transforms
-
-    tf = transforms.Compose(
-        [transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor()]
-    )
-    train_set = datasets.ImageFolder(str(root / "train"), transform=tf)
-    test_set = datasets.ImageFolder(str(root / "val"), transform=tf)
-    return dataset_source("imagefolder", train_set, test_set)
+    """``root/train`` and ``root/val`` (ImageNet's layout), decoded as they are read."""
+    return dataset_source("imagefolder", ImageFolder(root / "train"), ImageFolder(root / "val"))
 
 
 # The built-in datasets' factories (contracts/workload_names.py registers them by name).

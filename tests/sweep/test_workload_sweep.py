@@ -46,32 +46,14 @@ def test_a_broken_factory_stops_the_sweep_before_anything_is_submitted(
 @pytest.mark.slow
 def test_a_user_workload_is_swept_at_1_and_2_ranks_and_reported_by_its_names(packages, tmp_path):
     sweep_dir = tmp_path / "sw"
+    # SGD, SGD+K-FAC and SGD+FOSI (never both switches on) at 1 and 2 ranks
+    methods = "--kfac true,false --fosi true,false"
+    run = "--steps 12 --batch-size 32 --target-accuracy 0.5 --model-arg width=12"
+    train = "--eval-every-steps=4 --fosi-warmup=2 --ese-every=5 --fosi-k=4 --no-progress"
     out = cli(
-        "sweep",
-        "--backend",
-        "local",
-        "--nodes",
-        "1,2",
-        "--kfac",
-        "true,false",
-        "--fosi",
-        "true,false",
+        *f"sweep --backend local --nodes 1,2 {methods} {run} --name wl".split(),
         *WORKLOAD,
-        "--steps",
-        "12",
-        "--batch-size",
-        "32",
-        "--target-accuracy",
-        "0.5",
-        "--model-arg",
-        "width=12",
-        "--train-arg=--eval-every-steps=4",
-        "--train-arg=--fosi-warmup=2",
-        "--train-arg=--ese-every=5",
-        "--train-arg=--fosi-k=4",
-        "--train-arg=--no-progress",
-        "--name",
-        "wl",
+        *(f"--train-arg={arg}" for arg in train.split()),
         "--sweep-dir",
         str(sweep_dir),
         env=workload_env(packages),

@@ -11,16 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.workloads import write_workloads
-
-from .conftest import (
-    explain,
-    rank_pids,
-    read_json,
-    run_plain,
-    run_ranks,
-    start_until_checkpoint,
-    train_cmd,
-)
+from tests.train import conftest as job
 
 pytestmark = [pytest.mark.slow]
 
@@ -66,8 +57,8 @@ def _order(log: Path, world: int) -> list[list[list[int]]]:
 
 
 def _run(world: int, run_dir: Path, *args: str):
-    proc = run_plain(run_dir, *args) if world == 1 else run_ranks(world, run_dir, *args)
-    assert proc.returncode == 0, explain(proc)
+    proc = job.run_plain(run_dir, *args) if world == 1 else job.run_ranks(world, run_dir, *args)
+    assert proc.returncode == 0, job.explain(proc)
     return proc
 
 
@@ -83,7 +74,7 @@ def _ranks(pids: list[int]) -> list[int]:
 def _launcher(world: int, run_dir: Path) -> tuple[str, ...]:
     if world == 1:
         return ()
-    return (str(Path(train_cmd(run_dir)[0]).parent / "mpiexec"), "-n", str(world))
+    return (str(Path(job.train_cmd(run_dir)[0]).parent / "mpiexec"), "-n", str(world))
 
 
 @pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.mpi)])
@@ -98,12 +89,12 @@ def test_a_resumed_epoch_trains_on_the_samples_of_an_uninterrupted_one(
     in_process = tmp_path / "in-process"
     _run(world, in_process, *_args(package, tmp_path / "log-in-process", 0))
     assert _order(tmp_path / "log-in-process", world) == expected
-    assert read_json(whole / "run.json")["data_workers"] == 1
+    assert job.read_json(whole / "run.json")["data_workers"] == 1
 
     run_dir = tmp_path / "cut"
     args = _args(package, tmp_path / "log-cut", 1)
-    proc = start_until_checkpoint(run_dir, *args, launcher=_launcher(world, run_dir))
-    pids = _ranks(rank_pids(run_dir))
+    proc = job.start_until_checkpoint(run_dir, *args, launcher=_launcher(world, run_dir))
+    pids = _ranks(job.rank_pids(run_dir))
     assert len(pids) == world, pids
     for pid in pids:
         os.kill(pid, signal.SIGKILL if how == "SIGKILL" else signal.SIGUSR2)
@@ -111,7 +102,7 @@ def test_a_resumed_epoch_trains_on_the_samples_of_an_uninterrupted_one(
     if how == "SIGUSR2":
         assert proc.returncode == 75
     _run(world, run_dir, *args)
-    summary = read_json(run_dir / "run.json")
+    summary = job.read_json(run_dir / "run.json")
     assert len(summary["attempts"]) == 2 and summary["steps"] == STEPS
     start = summary["attempts"][1]["start_step"]
     assert 0 < start < STEPS
