@@ -5,7 +5,8 @@ indices each rank takes: every epoch has one permutation of the training set (fr
 the epoch, the same on every rank); optimizer step ``s`` of the epoch uses the slice
 ``[s*G, (s+1)*G)`` of it (G the global batch), and rank ``r`` takes the ``r``-th per-rank part.
 So the data a step sees depends only on (seed, epoch, step, rank): a resumed run sees exactly
-what an uninterrupted one would.
+what an uninterrupted one would. In-memory tensors are indexed in place; a Dataset's samples
+are read in that same order by worker processes (:mod:`kfac_hpc.train.loader`).
 """
 
 from __future__ import annotations
