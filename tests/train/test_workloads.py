@@ -145,3 +145,18 @@ def test_a_broken_workload_is_one_line_exit_2_and_writes_nothing(
     assert len(lines) == 1 and lines[0].startswith(f"kfac-hpc train: error: {flag}:"), proc.stderr
     assert words in lines[0], lines[0]
     assert not run_dir.exists()
+
+
+def test_doctor_lists_the_installed_workloads(packages, monkeypatch):
+    from kfac_hpc.contracts.workload_names import installed, registered
+    from kfac_hpc.runtime.doctor import _workloads
+
+    monkeypatch.syspath_prepend(str(packages))
+    installed.cache_clear()
+    try:
+        [check] = _workloads()
+        assert check.ok and check.detail == "--model plugmlp, --dataset plugblobs"
+        assert registered("model")["plugmlp"] == "wlplug:tiny_mlp"
+        assert registered("model")["small_cnn"] == "kfac_hpc.train.models:small_cnn"
+    finally:
+        installed.cache_clear()
