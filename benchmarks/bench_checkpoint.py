@@ -54,7 +54,8 @@ from kfac_hpc.checkpoint import (
 )
 from kfac_hpc.checkpoint.files import list_checkpoints
 from kfac_hpc.optim import KFACPreconditioner
-from kfac_hpc.train.models import build_model
+from kfac_hpc.train.config import TrainConfig
+from kfac_hpc.train.workloads import build_model
 
 NEVER_PRUNED = 1_000_000  # keep= of the timed managers: nothing is deleted inside a timing
 SPEED_TARGET = 0.5  # HDF5 write and read at least half as fast as raw
@@ -67,7 +68,7 @@ def resnet50_state() -> TrainingState:
     layers. A read checks that every entry a resume needs is present (``check_schema``), so this
     state is a complete one."""
     torch.manual_seed(0)
-    model = build_model("resnet50", (3, 224, 224), 1000)
+    model = build_model(TrainConfig(model="resnet50"), (3, 224, 224), 1000)
     preconditioner = KFACPreconditioner(model)
     preconditioner.remove_hooks()
     layers = {

@@ -35,12 +35,12 @@ import torch  # after OMP_NUM_THREADS: torch reads it at import
 from kfac_hpc.contracts import RunDir
 from kfac_hpc.runtime import DistributedContext, init_distributed, shutdown
 from kfac_hpc.train.config import TrainConfig
-from kfac_hpc.train.data import load_data
 from kfac_hpc.train.job import Job, Position
 from kfac_hpc.train.preemption import PreemptionHandler
 from kfac_hpc.train.progress import Progress
 from kfac_hpc.train.records import NullRecorder, WindowRecorder
 from kfac_hpc.train.timing import NullTimer, PhaseTimer
+from kfac_hpc.train.workloads import load_data
 
 TARGET = 0.02
 

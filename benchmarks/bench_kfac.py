@@ -32,7 +32,8 @@ from torch import nn
 
 from kfac_hpc.optim import KFACPreconditioner
 from kfac_hpc.optim.layers import KFACLayer
-from kfac_hpc.train.models import build_model
+from kfac_hpc.train.config import TrainConfig
+from kfac_hpc.train.workloads import build_model
 
 BATCH = 64
 THREADS = 2
@@ -41,7 +42,7 @@ TARGETS = {"ratio_10_100": 1.25, "ratio_every_step": 4.5, "factor_vs_matmul": 0.
 
 def _model() -> nn.Module:
     torch.manual_seed(0)
-    return build_model("resnet32", (3, 32, 32), 10)
+    return build_model(TrainConfig(model="resnet32"), (3, 32, 32), 10)
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor]:

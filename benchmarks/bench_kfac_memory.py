@@ -63,10 +63,11 @@ def measure_strategy(strategy: str, rank: int) -> dict[str, Any]:
     from torch import nn
 
     from kfac_hpc.optim import KFACPreconditioner
-    from kfac_hpc.train.models import build_model
+    from kfac_hpc.train.config import TrainConfig
+    from kfac_hpc.train.workloads import build_model
 
     torch.manual_seed(0)
-    model = build_model("resnet32", (3, 32, 32), 10)
+    model = build_model(TrainConfig(model="resnet32"), (3, 32, 32), 10)
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(PER_RANK_BATCH, 3, 32, 32, generator=gen)
     y = torch.randint(0, 10, (PER_RANK_BATCH,), generator=gen)

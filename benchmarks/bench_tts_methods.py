@@ -148,7 +148,7 @@ def label(setting: Setting) -> str:
 def data_cache() -> Path:
     """A folder holding the generated MNIST-1D arrays, filled once (seconds) for every run."""
     from kfac_hpc.train.config import TrainConfig
-    from kfac_hpc.train.data import load_data
+    from kfac_hpc.train.workloads import load_data
 
     cache = Path(tempfile.gettempdir()) / "kfac-hpc-bench-mnist1d"
     cache.mkdir(exist_ok=True)

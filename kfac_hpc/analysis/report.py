@@ -352,8 +352,10 @@ def build_blocks(
     if any(r.get("speedup") is not None and r.get("serial_fraction") is None for r in scaling):
         blocks.append(Block("text", SERIAL_FRACTION_NOTE))
     blocks.append(Block("heading", "Time to target accuracy"))
-    if all(r.get("target_accuracy") is None for r in tables.runs):
-        blocks.append(Block("text", "No target accuracy was set: pass `--target-accuracy`."))
+    if all(r.get("target_accuracy") is None and r.get("target_loss") is None for r in tables.runs):
+        blocks.append(
+            Block("text", "No target was set: pass `--target-accuracy` or `--target-loss`.")
+        )
     elif not any(r.get("time_to_target_s") is not None for r in tables.runs):
         blocks.append(Block("text", "No run reached its target accuracy."))
     else:

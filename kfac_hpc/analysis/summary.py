@@ -70,9 +70,12 @@ def _methods_vs_first_order(
 
 def _target(runs: list[Row]) -> str:
     targets = {r["target_accuracy"] for r in runs if r.get("target_accuracy") is not None}
-    if len(targets) == 1:
+    losses = {r["target_loss"] for r in runs if r.get("target_loss") is not None}
+    if len(targets) == 1 and not losses:
         return f"the target accuracy of {100 * targets.pop():.3g} %"
-    return "the target accuracy"
+    if len(losses) == 1 and not targets:
+        return f"the target test loss of {losses.pop():.4g}"
+    return "the target"
 
 
 def _method_vs_first_order(
@@ -82,10 +85,10 @@ def _method_vs_first_order(
     rows = sorted(
         (r for r in scaling if _method_of(r) == method), key=lambda r: (r["nodes"], r["group"])
     )
-    if all(r.get("target_accuracy") is None for r in runs):
+    if all(r.get("target_accuracy") is None and r.get("target_loss") is None for r in runs):
         return (
-            f"{name} and first-order time to target are not compared: no target accuracy was "
-            "set (pass --target-accuracy)."
+            f"{name} and first-order time to target are not compared: no target was set "
+            "(pass --target-accuracy or --target-loss)."
         )
     baselines = {(r["group"], r["nodes"]): r for r in scaling if _method_of(r) is None}
     firsts = {optimizer_name(str(r["optimizer_label"]).split("+")[0]) for r in rows}

@@ -16,6 +16,7 @@ from kfac_hpc.analysis.aggregate import float_list, number
 from kfac_hpc.analysis.rundir import RunData
 from kfac_hpc.analysis.stats import percentiles, ratio, relative_spread
 from kfac_hpc.contracts.options import FIRST_ORDER, METHOD_SWITCHES
+from kfac_hpc.contracts.workload_names import short_name
 
 Row = dict[str, Any]
 
@@ -71,6 +72,7 @@ RUN_COLUMNS: tuple[str, ...] = (
     "final_accuracy",
     "best_accuracy",
     "target_accuracy",
+    "target_loss",
     "time_to_target_s",
     "step_to_target",
     "comm_fraction",
@@ -184,8 +186,8 @@ def group_label(run: RunData, varying: frozenset[str], *, first_order: bool = Fa
     method = FIRST_ORDER if first_order else run_method(run)
     kfac = method == "kfac"
     parts = [
-        str(run.value("model") or "?"),
-        str(run.value("dataset") or "?"),
+        workload_label(run, "model"),
+        workload_label(run, "dataset"),
         optimizer_label(run) if method != FIRST_ORDER else str(run.value("optimizer") or "unknown"),
         scaling,
         f"bs={batch_size(run, batch_key)}",
@@ -249,8 +251,11 @@ def _straggler_spread(run: RunData) -> float | None:
     return None
 
 
-def time_to_target(run: RunData, target: float | None) -> tuple[float | None, int | None]:
-    """Seconds of running time (and the step) at the first eval reaching ``target`` accuracy.
+def time_to_target(
+    run: RunData, target: float | None, *, lower_is_better: bool = False
+) -> tuple[float | None, int | None]:
+    """Seconds of running time (and the step) at the first eval reaching ``target``: an
+    accuracy at or above it, or with ``lower_is_better`` a test loss at or below it.
 
     Without eval records, run.json's own ``time_to_target_s`` is used if its target is
     ``target``. None when the target was never reached (or no target is known).
@@ -259,13 +264,43 @@ def time_to_target(run: RunData, target: float | None) -> tuple[float | None, in
         return None, None
     if run.evals:
         for point in sorted(run.evals, key=lambda e: (e.wall_s, e.step)):
-            if point.accuracy is not None and point.accuracy >= target:
+            value = point.loss if lower_is_better else point.accuracy
+            if value is not None and (value <= target if lower_is_better else value >= target):
                 return point.wall_s, point.step
         return None, None
-    if number(run.summary.get("target_accuracy")) == target:
+    key = "target_loss" if lower_is_better else "target_accuracy"
+    if number(run.summary.get(key)) == target:
         step = number(run.summary.get("step_to_target"))
         return number(run.summary.get("time_to_target_s")), None if step is None else int(step)
     return None, None
+
+
+def run_target(run: RunData, target_accuracy: float | None = None) -> tuple[float | None, str]:
+    """The run's target and its metric (``accuracy`` or ``loss``): ``target_accuracy`` when
+    given, else the run's own ``--target-accuracy``, else its ``--target-loss``."""
+    if target_accuracy is not None:
+        return target_accuracy, "accuracy"
+    accuracy = number(run.value("target_accuracy"))
+    if accuracy is not None:
+        return accuracy, "accuracy"
+    loss = number(run.value("target_loss"))
+    return (loss, "loss") if loss is not None else (None, "accuracy")
+
+
+def workload_label(run: RunData, kind: str) -> str:
+    """The run's model or dataset as named, a file by its name, with its factory arguments
+    (``my_model.py:build(width=64)``); ``?`` when unknown."""
+    name = run.value(kind)
+    if not isinstance(name, str):
+        return "?"
+    label = short_name(name)
+    args = run.value(f"{kind}_args")
+    if not isinstance(args, dict):  # a run without run.json: its config's key=value list
+        listed = run.value(f"{kind}_arg")
+        args = dict(a.partition("=")[::2] for a in listed) if isinstance(listed, list) else {}
+    if args:
+        label += "(" + ",".join(f"{k}={v}" for k, v in sorted(args.items())) + ")"
+    return label
 
 
 def _accuracy(run: RunData) -> tuple[float | None, float | None, float | None]:
@@ -297,10 +332,8 @@ def run_row(
     compute = number(run.summary.get("compute_s"))
     if compute is None and run.stats.windows:
         compute = run.stats.step_weighted_s
-    target = (
-        target_accuracy if target_accuracy is not None else number(run.value("target_accuracy"))
-    )
-    tts, tts_step = time_to_target(run, target)
+    target, metric = run_target(run, target_accuracy)
+    tts, tts_step = time_to_target(run, target, lower_is_better=metric == "loss")
     phases = phase_means(run)
     phase_total = sum(phases.values())
     comm = sum(phases.get(p, 0.0) for p in schema.COMM_PHASES)
@@ -320,6 +353,8 @@ def run_row(
         "optimizer_label": optimizer_label(run),
         "method": run_method(run),
         **{key: run.value(key) for key in IDENTITY},
+        "model": workload_label(run, "model"),
+        "dataset": workload_label(run, "dataset"),
         "nodes": run.value("nodes"),
         "world_size": world_size,
         "global_batch_size": batch_size(run, "global_batch_size"),
@@ -342,7 +377,8 @@ def run_row(
         "final_loss": final_loss,
         "final_accuracy": final_acc,
         "best_accuracy": best_acc,
-        "target_accuracy": target,
+        "target_accuracy": target if metric == "accuracy" else None,
+        "target_loss": target if metric == "loss" else None,
         "time_to_target_s": tts,
         "step_to_target": tts_step,
         "comm_fraction": ratio(comm, phase_total) if phases else None,

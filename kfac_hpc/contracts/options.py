@@ -150,17 +150,31 @@ COMMON_OPTIONS: tuple[Option, ...] = (
         "model",
         "str",
         "small_cnn",
-        "network",
-        choices=MODELS,
+        f"network: a registered name ({', '.join(MODELS)}, or an installed package's), "
+        "module:callable or file.py:callable (docs/workloads.md)",
+        axis=True,
         plan_default=OtherDefault("resnet32", _PLAN_STUDY),
+    ),
+    _o(
+        "model_arg",
+        "strs",
+        (),
+        "key=value given to the model's factory (repeat the flag or comma-separate)",
     ),
     _o(
         "dataset",
         "str",
         "digits",
-        "data",
-        choices=DATASETS,
+        f"data: a registered name ({', '.join(DATASETS)}, or an installed package's), "
+        "module:callable or file.py:callable (docs/workloads.md)",
+        axis=True,
         plan_default=OtherDefault("cifar10", _PLAN_STUDY),
+    ),
+    _o(
+        "dataset_arg",
+        "strs",
+        (),
+        "key=value given to the dataset's factory (repeat the flag or comma-separate)",
     ),
     _o(
         "data_path",
@@ -540,7 +554,15 @@ RUN_OPTIONS: tuple[Option, ...] = (
         check="fraction",
         optional=True,
     ),
-    _o("stop_at_target", "bool", False, "stop once --target-accuracy is reached"),
+    _o(
+        "target_loss",
+        "float",
+        None,
+        "test loss (lower is better) whose first time is recorded",
+        check="positive",
+        optional=True,
+    ),
+    _o("stop_at_target", "bool", False, "stop once --target-accuracy or --target-loss is reached"),
     _o(
         "eval_every_steps",
         "int",
@@ -604,6 +626,28 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "steps per metrics.jsonl window",
         unit="steps",
         check="positive",
+        operational=True,
+    ),
+    _o(
+        "threads",
+        "int",
+        None,
+        "torch intra-op threads per rank (default: OMP_NUM_THREADS if set, else the cores "
+        "given to the rank: Slurm's CPUs per task, or the cores / local ranks)",
+        check="positive",
+        maximum=4096,
+        optional=True,
+        operational=True,
+    ),
+    _o(
+        "data_workers",
+        "int",
+        None,
+        "worker processes reading a Dataset's samples ahead of the step (default: half the "
+        "rank's threads, at most 4; 0 reads them in the step; in-memory tensors never use them)",
+        check="nonnegative",
+        maximum=64,
+        optional=True,
         operational=True,
     ),
     _o(

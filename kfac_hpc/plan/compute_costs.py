@@ -19,10 +19,9 @@ import torch
 from torch import nn
 
 from kfac_hpc.optim.layers import KFACLayer, make_layer
-from kfac_hpc.plan.layers import INPUTS, LayerShape, ModelShape
+from kfac_hpc.plan.layers import INPUTS, LayerShape, ModelShape, build_network
 from kfac_hpc.plan.profiles import MachineProfile
 from kfac_hpc.train.config import TrainConfig
-from kfac_hpc.train.models import build_model
 from kfac_hpc.train.optimizers import make_optimizer
 
 __all__ = ["ComputeCosts", "MeasuredCompute", "RatedCompute"]
@@ -157,7 +156,7 @@ class MeasuredCompute:
         self._shapes = shape.layers
         torch.manual_seed(seed)
         in_shape, classes = INPUTS[shape.dataset]
-        self.net = build_model(shape.model, in_shape, classes)
+        self.net = build_network(shape.model, shape.dataset)
         self.in_shape, self.classes = in_shape, classes
         self.kfac: dict[str, KFACLayer] = {}
         for name, module in self.net.named_modules():

@@ -11,12 +11,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kfac_hpc.contracts.options import DATASETS, MODELS
+from kfac_hpc.contracts.errors import InputError
+from kfac_hpc.contracts.options import DATASETS
+from kfac_hpc.contracts.workload_names import BUILTIN_MODELS, absolute_name
 from kfac_hpc.optim.layers import KFACLayer, make_layer
 from kfac_hpc.plan.errors import PlanInputError, check_planned
-from kfac_hpc.train.models import build_model
+from kfac_hpc.train.config import TrainConfig
+from kfac_hpc.train.workloads import build_model
 
-__all__ = ["INPUTS", "LayerShape", "ModelShape", "check_fit", "model_shape"]
+__all__ = ["INPUTS", "LayerShape", "ModelShape", "build_network", "check_fit", "model_shape"]
 
 # dataset -> (input shape C, H, W of images or C, L of sequences; classes); cifar10,
 # imagefolder and mnist1d are the shapes of the real sets (the plan needs no data files)
@@ -89,16 +92,26 @@ def check_fit(model: str, dataset: str) -> None:
     raise PlanInputError("model", f"{model!r} {fix}")
 
 
-def model_shape(model: str, dataset: str) -> ModelShape:
-    """The layer inventory of ``model`` on ``dataset``'s input shape."""
+def build_network(model: str, dataset: str) -> nn.Module:
+    """The job's network ``model`` (any name ``--model`` takes: a built-in, an installed
+    package's, ``module:callable``, ``file.py:callable``) for ``dataset``'s input shape,
+    built as the job builds it with the job's defaults; PlanInputError naming the flag."""
     check_planned(model, dataset)
-    if model not in MODELS:
-        raise PlanInputError("model", f"{model!r} is not one of {', '.join(MODELS)}")
     if dataset not in DATASETS:
         raise PlanInputError("dataset", f"{dataset!r} is not one of {', '.join(DATASETS)}")
-    check_fit(model, dataset)
+    if model in BUILTIN_MODELS:
+        check_fit(model, dataset)
     shape, classes = INPUTS[dataset]
-    net = build_model(model, shape, classes)
+    try:
+        return build_model(TrainConfig(model=absolute_name(model)), shape, classes)
+    except InputError as exc:
+        raise PlanInputError(exc.field, exc.reason) from None
+
+
+def model_shape(model: str, dataset: str) -> ModelShape:
+    """The layer inventory of ``model`` on ``dataset``'s input shape."""
+    net = build_network(model, dataset)
+    shape = INPUTS[dataset][0]
     layers, rows, inputs, activations = _probe(net, shape)
     shapes = tuple(
         LayerShape(

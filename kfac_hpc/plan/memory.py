@@ -45,10 +45,9 @@ from kfac_hpc.contracts.textfile import read_user_text
 from kfac_hpc.optim.factor_reduction import OWNER_BUCKET_CAP_MB, OWNER_IN_FLIGHT_MB
 from kfac_hpc.optim.layers import Conv2dLayer, KFACLayer, make_layer
 from kfac_hpc.plan.errors import PlanInputError, shown
-from kfac_hpc.plan.layers import INPUTS, check_fit
+from kfac_hpc.plan.layers import INPUTS, build_network, check_fit
 from kfac_hpc.plan.model import Prediction
 from kfac_hpc.plan.profiles import ProfileField, _value, builtin_profiles, tomllib
-from kfac_hpc.train.models import build_model
 
 __all__ = [
     "MEMORY_FIELDS",
@@ -409,9 +408,9 @@ def _trace(model: str, dataset: str, batch: int) -> _Trace:
     parameters, the saved tensors freed after its backward (each storage once, with the
     module that saved it first in forward order: the last to use it in backward), its
     output and input bytes and K-FAC layer."""
-    shape, classes = INPUTS[dataset]
+    shape = INPUTS[dataset][0]
     with torch.device("meta"):
-        net = build_model(model, shape, classes)
+        net = build_network(model, dataset)
     leaves = [(n, m) for n, m in net.named_modules() if not list(m.children())]
     current = [-1]
     owner: dict[int, tuple[int, int]] = {}  # id(base) -> (module index, bytes)

@@ -14,6 +14,7 @@ import click
 
 from kfac_hpc import __version__
 from kfac_hpc.contracts import HostMemory
+from kfac_hpc.contracts.workload_names import ENTRY_POINT_GROUP, installed
 from kfac_hpc.runtime.host_memory import allocator_owner
 
 __all__ = ["Check", "doctor", "run_checks"]
@@ -189,6 +190,17 @@ def _local_rank() -> int:
         return 0
 
 
+def _workloads() -> list[Check]:
+    """The installed packages' workloads (entry points ``kfac_hpc.workloads``), by name."""
+    try:
+        found = installed()
+    except Exception as exc:  # a broken package's metadata is the finding
+        return [Check("workloads", False, f"cannot read entry points: {_one_line(exc)}", False)]
+    names = [f"--{kind} {name}" for kind, named in found.items() for name in named]
+    detail = ", ".join(names) if names else f"none installed (entry points {ENTRY_POINT_GROUP})"
+    return [Check("workloads", True, detail, required=False)]
+
+
 CHECKS: tuple[Callable[[], list[Check]], ...] = (
     _torch,
     _nccl_allreduce,
@@ -198,6 +210,7 @@ CHECKS: tuple[Callable[[], list[Check]], ...] = (
     _host_memory,
     _package("h5py", "pip install h5py"),
     _package("parsl", "pip install parsl"),
+    _workloads,
 )
 
 
@@ -208,7 +221,8 @@ def run_checks() -> list[Check]:
 
 @click.command()
 def doctor() -> None:
-    """Check torch, CUDA/NCCL/gloo, MPI, the launch, Slurm, h5py and Parsl.
+    """Check torch, CUDA/NCCL/gloo, MPI, the launch, Slurm, h5py and Parsl; list the installed
+    workloads.
 
     Exits 1 naming each broken piece; optional pieces (GPU, Slurm) never fail it.
     """

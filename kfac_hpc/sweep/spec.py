@@ -25,6 +25,7 @@ from kfac_hpc.contracts.grad_workers import check_grad_worker_fraction
 from kfac_hpc.contracts.option_values import check_value, coerce_value, expand_aliases
 from kfac_hpc.contracts.options import ALIASES, OPTIONS, Option, method_of, resolve_switches
 from kfac_hpc.contracts.scripts import check_script
+from kfac_hpc.contracts.workload_names import KINDS, absolute_name
 from kfac_hpc.sweep.errors import SweepInputError
 from kfac_hpc.sweep.safety import check_identifier, check_line, check_slurm_time
 
@@ -248,6 +249,8 @@ def _option_value(option: Option, value: Any) -> Any:
         raise SweepInputError(option.name, str(exc).removeprefix(f"{option.name}: ")) from None
     if isinstance(coerced, str):
         check_line(option.name, coerced)
+    if option.name in KINDS:  # a file.py:callable is found from the job's folder too
+        return absolute_name(coerced)
     return coerced
 
 

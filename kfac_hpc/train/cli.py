@@ -15,6 +15,7 @@ import click
 from kfac_hpc.cli_errors import bad_input
 from kfac_hpc.contracts import InputError, RunDir
 from kfac_hpc.contracts.options import ALIASES, OPTIONS
+from kfac_hpc.contracts.workload_names import KINDS, installed
 from kfac_hpc.train.config import ConfigError, check_run_dir, field_help, load_config
 
 __all__ = ["train"]
@@ -25,6 +26,16 @@ _ALIAS_OF = {name: alias for alias, (names, _) in ALIASES.items() for name in na
 
 def _flag(name: str) -> str:
     return "--" + _ALIAS_OF.get(name, name).replace("_", "-")
+
+
+# Options given once per item (``--model-arg a=1 --model-arg b=2``) or comma-separated.
+_REPEATABLE = frozenset(f"{kind}_arg" for kind in KINDS)
+
+
+def _joined(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> str | None:
+    """A repeatable flag's items as one comma-separated value; None when not given."""
+    del ctx, param
+    return ",".join(value) if value else None
 
 
 def _options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -39,7 +50,15 @@ def _options(command: Callable[..., Any]) -> Callable[..., Any]:
             command = click.option(*decls, name, default=None, help=helps[name] + shown)(command)
             continue
         text = helps[name] + (" (comma-separated)" if option.kind in ("strs", "ints") else shown)
+        if name in KINDS and installed()[name]:
+            text += f"; installed: {', '.join(installed()[name])}"
         kind = {"int": int, "float": float}.get(option.kind, str)
+        if name in _REPEATABLE:
+            each = click.option(
+                flag, name, multiple=True, default=None, callback=_joined, help=text
+            )
+            command = each(command)
+            continue
         command = click.option(flag, name, type=kind, default=None, help=text)(command)
     for alias in ("checkpoint_every", "time_limit"):
         command = click.option(_flag(alias), alias, type=str, help=ALIASES[alias][1])(command)

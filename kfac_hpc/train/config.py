@@ -35,6 +35,13 @@ from kfac_hpc.contracts.options import (
     resolve_switches,
 )
 from kfac_hpc.contracts.textfile import read_user_text
+from kfac_hpc.contracts.workload_names import (
+    BUILTIN_DATASETS,
+    BUILTIN_MODELS,
+    KINDS,
+    absolute_name,
+    parse_reference,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -45,6 +52,7 @@ __all__ = [
     "OPERATIONAL_FIELDS",
     "BatchSizes",
     "ConfigError",
+    "Target",
     "TrainConfig",
     "check_run_dir",
     "field_help",
@@ -94,6 +102,12 @@ class TrainConfig:
                 check_value(option, getattr(self, option.name))
             except InputError as exc:
                 raise ConfigError(exc.field, exc.reason) from None
+        for kind in KINDS:
+            try:
+                parse_reference(kind, getattr(self, kind))
+            except InputError as exc:
+                raise ConfigError(exc.field, exc.reason) from None
+            self.factory_args(kind)
         self._validate_workload()
         try:
             method_of(self.to_dict())
@@ -101,8 +115,10 @@ class TrainConfig:
             raise ConfigError(exc.field, exc.reason) from None
         if self.fosi:
             self._validate_fosi()
-        if self.stop_at_target and self.target_accuracy is None:
-            raise ConfigError("stop_at_target", "needs --target-accuracy")
+        if self.target_accuracy is not None and self.target_loss is not None:
+            raise ConfigError("target_loss", "give one target: --target-accuracy or --target-loss")
+        if self.stop_at_target and self.target is None:
+            raise ConfigError("stop_at_target", "needs --target-accuracy or --target-loss")
         if self.dataset in ("cifar10", "imagefolder", "text") and not self.data_path:
             what = "a file or DIR" if self.dataset == "text" else "DIR"
             raise ConfigError("data_path", f"dataset {self.dataset!r} needs --data-path {what}")
@@ -120,17 +136,18 @@ class TrainConfig:
             )
 
     def _validate_workload(self) -> None:
-        """The model fits the dataset: gpt takes only the text datasets, cnn1d the mnist1d
-        sequences, the image models images, mlp any but text."""
+        """A built-in model fits a built-in dataset: gpt takes only the text datasets, cnn1d
+        the mnist1d sequences, the image models images, mlp any but text."""
+        builtin = self.model in BUILTIN_MODELS and self.dataset in BUILTIN_DATASETS
         text = self.dataset in TEXT_DATASETS
-        if text != (self.model in TEXT_MODELS):
+        if builtin and text != (self.model in TEXT_MODELS):
             raise ConfigError(
                 "model",
                 f"{self.model!r} does not fit dataset {self.dataset!r}: the text datasets "
                 f"({', '.join(TEXT_DATASETS)}) take --model gpt, and gpt takes only them",
             )
         sequences = self.dataset == "mnist1d"
-        if not text and sequences != (self.model == "cnn1d") and self.model != "mlp":
+        if builtin and not text and sequences != (self.model == "cnn1d") and self.model != "mlp":
             raise ConfigError(
                 "model",
                 f"{self.model!r} does not fit dataset {self.dataset!r}: use cnn1d or mlp for "
@@ -159,6 +176,36 @@ class TrainConfig:
             raise ConfigError(
                 "max_staleness", f"{self.max_staleness} must be < --ese-every {self.ese_every}"
             )
+
+    def factory_args(self, kind: str) -> dict[str, str]:
+        """The ``--model-arg`` (``kind`` "model") or ``--dataset-arg`` pairs as a dict;
+        ConfigError naming the flag for an item that is not ``key=value``."""
+        out: dict[str, str] = {}
+        for item in getattr(self, f"{kind}_arg"):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip().isidentifier():
+                raise ConfigError(f"{kind}_arg", f"{item!r} is not key=value (key a Python name)")
+            out[key.strip()] = value
+        return out
+
+    def workload(self) -> dict[str, Any]:
+        """The workload as checkpoints and run.json record it: names and factory arguments."""
+        return {
+            "model": self.model,
+            "model_args": self.factory_args("model"),
+            "dataset": self.dataset,
+            "dataset_args": self.factory_args("dataset"),
+        }
+
+    @property
+    def target(self) -> Target | None:
+        """The time-to-target's metric and value: ``--target-accuracy`` (higher is better) or
+        ``--target-loss`` (lower is better); None without one."""
+        if self.target_accuracy is not None:
+            return Target("accuracy", self.target_accuracy)
+        if self.target_loss is not None:
+            return Target("loss", self.target_loss)
+        return None
 
     @property
     def method(self) -> str:
@@ -225,6 +272,20 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class Target:
+    """A quality to reach: ``metric`` (``accuracy``, higher is better; ``loss``, lower is
+    better) and its ``value``."""
+
+    metric: str
+    value: float
+
+    def reached(self, accuracy: float, loss: float) -> bool:
+        if self.metric == "accuracy":
+            return accuracy >= self.value
+        return loss <= self.value
+
+
+@dataclass(frozen=True)
 class BatchSizes:
     """Samples per optimizer step over all ranks, and on each rank."""
 
@@ -267,6 +328,9 @@ def load_config(path: str | Path | None, overrides: Mapping[str, Any]) -> TrainC
         values = resolve_switches({k: coerce_value(OPTIONS[k], v) for k, v in raw.items()})
     except InputError as exc:
         raise ConfigError(exc.field, exc.reason) from None
+    for kind in KINDS:  # a file.py:callable is recorded absolute (ranks may start elsewhere)
+        if isinstance(values.get(kind), str):
+            values[kind] = absolute_name(values[kind])
     config = TrainConfig(**values)
     config.validate()
     return config

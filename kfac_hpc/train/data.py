@@ -5,7 +5,8 @@ indices each rank takes: every epoch has one permutation of the training set (fr
 the epoch, the same on every rank); optimizer step ``s`` of the epoch uses the slice
 ``[s*G, (s+1)*G)`` of it (G the global batch), and rank ``r`` takes the ``r``-th per-rank part.
 So the data a step sees depends only on (seed, epoch, step, rank): a resumed run sees exactly
-what an uninterrupted one would.
+what an uninterrupted one would. In-memory tensors are indexed in place; a Dataset's samples
+are read in that same order by worker processes (:mod:`kfac_hpc.train.loader`).
 """
 
 from __future__ import annotations
@@ -17,23 +18,58 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from torch.utils.data import Dataset
 
-from kfac_hpc.train.config import TrainConfig
+from kfac_hpc.train.imagefolder import ImageFolder
+from kfac_hpc.train.loader import StepLoader
 
-__all__ = ["DataSource", "ShardedBatches", "digits_arrays", "load_data", "read_cifar10_batch"]
+if TYPE_CHECKING:
+    from kfac_hpc.train.workloads import FactoryContext
+
+__all__ = [
+    "METRICS",
+    "DataSource",
+    "ShardedBatches",
+    "cifar10",
+    "cross_entropy",
+    "dataset_source",
+    "digits",
+    "digits_arrays",
+    "generated_text",
+    "imagefolder",
+    "mnist1d",
+    "read_cifar10_batch",
+    "synthetic_cifar",
+    "synthetic_imagenet",
+    "tensor_source",
+    "text",
+]
 
 _POOL_BYTES = 64 * 2**20  # synthetic data cycles through a pool of at most this many bytes
 _CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 _CIFAR_STD = (0.2470, 0.2435, 0.2616)
 
 
+# The quality metrics a workload may name, and whether higher is better (time-to-target
+# compares the evaluation's value against --target-accuracy or --target-loss that way).
+METRICS: dict[str, bool] = {"accuracy": True, "loss": False}
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every position: logits (N, C) or (N, ..., C) against class
+    indices (N,) or (N, ...): a classifier's loss and a language model's alike."""
+    return torch.nn.functional.cross_entropy(logits.flatten(0, -2), targets.flatten())
+
+
 @dataclass
 class DataSource:
-    """Train and test samples addressed by index; ``shape`` is (C, H, W) of images, (C, L)
-    of sequences or (T,) of byte windows (whose labels are the next bytes, (T,) too)."""
+    """Train and test samples addressed by index; ``shape`` is one sample's, e.g. (C, H, W) of
+    images or (C, L) of sequences. ``loss(outputs, targets)`` is the mean training loss;
+    ``metric`` the quality the workload is judged by (a key of :data:`METRICS`)."""
 
     name: str
     shape: tuple[int, ...]
@@ -42,11 +78,20 @@ class DataSource:
     test_len: int
     train: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     test: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy
+    metric: str = "accuracy"
+    dataset: Dataset | None = None  # the train Dataset behind ``train``, for worker processes
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise ValueError(f"metric {self.metric!r} is not one of {', '.join(METRICS)}")
 
 
-def _tensor_source(
+def tensor_source(
     name: str, train: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor]
 ) -> DataSource:
+    """In-memory (inputs, targets) tensors of the train and test sets; the classes are the
+    largest target + 1."""
     (xtr, ytr), (xte, yte) = train, test
     return DataSource(
         name,
@@ -56,6 +101,37 @@ def _tensor_source(
         len(yte),
         lambda idx: (xtr[idx], ytr[idx]),
         lambda idx: (xte[idx], yte[idx]),
+    )
+
+
+def _stacked(dataset: Dataset) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """A batch of map-style ``dataset`` items (sample, target) by index, stacked."""
+
+    def get(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        items = [dataset[int(i)] for i in idx]
+        return torch.stack([x for x, _ in items]), torch.as_tensor([y for _, y in items])
+
+    return get
+
+
+def dataset_source(name: str, train: Dataset, test: Dataset) -> DataSource:
+    """Map-style Datasets of (sample, class) items; the classes come from ``num_classes`` or
+    ``classes`` of ``train`` (an ImageFolder's, ours or torchvision's)."""
+    classes = getattr(train, "num_classes", None)
+    if classes is None and hasattr(train, "classes"):
+        classes = len(train.classes)
+    if not isinstance(classes, int) or classes < 1:
+        raise ValueError(f"{name}: the train Dataset needs num_classes or classes")
+    sample, _ = train[0]
+    return DataSource(
+        name,
+        tuple(torch.as_tensor(sample).shape),
+        classes,
+        len(train),  # type: ignore[arg-type]
+        len(test),  # type: ignore[arg-type]
+        _stacked(train),
+        _stacked(test),
+        dataset=train,
     )
 
 
@@ -77,7 +153,7 @@ def _digits(seed: int) -> DataSource:
     train, test = order[:cut], order[cut:]
     mean, std = x[train].mean(), x[train].std()
     x = (x - mean) / std
-    return _tensor_source("digits", (x[train], y[train]), (x[test], y[test]))
+    return tensor_source("digits", (x[train], y[train]), (x[test], y[test]))
 
 
 def _mnist1d(train_samples: int, cache: Path | None) -> DataSource:
@@ -115,7 +191,7 @@ def _mnist1d(train_samples: int, cache: Path | None) -> DataSource:
     def part(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.tensor(x, dtype=torch.float32).unsqueeze(1), torch.tensor(y, dtype=torch.int64)
 
-    return _tensor_source("mnist1d", part(raw["x"], raw["y"]), part(raw["x_test"], raw["y_test"]))
+    return tensor_source("mnist1d", part(raw["x"], raw["y"]), part(raw["x_test"], raw["y_test"]))
 
 
 def _synthetic(shape: tuple[int, int, int], num_classes: int, n: int, seed: int) -> DataSource:
@@ -165,62 +241,64 @@ def _cifar10(root: Path) -> DataSource:
     xtr = norm(torch.cat([p[0] for p in parts]))
     ytr = torch.cat([p[1] for p in parts])
     xte, yte = read_cifar10_batch(test_file)
-    source = _tensor_source("cifar10", (xtr, ytr), (norm(xte), yte))
+    source = tensor_source("cifar10", (xtr, ytr), (norm(xte), yte))
     source.num_classes = 10
     return source
 
 
 def _imagefolder(root: Path) -> DataSource:
-    if importlib.util.find_spec("torchvision") is None:
-        raise ImportError("dataset 'imagefolder' needs torchvision, which is not importable here")
-    from torchvision import datasets, transforms
-
-    tf = transforms.Compose(
-        [transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor()]
-    )
-    train_set = datasets.ImageFolder(str(root / "train"), transform=tf)
-    test_set = datasets.ImageFolder(str(root / "val"), transform=tf)
-
-    def loader(ds: datasets.ImageFolder) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
-        def get(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            items = [ds[int(i)] for i in idx]
-            return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])
-
-        return get
-
-    return DataSource(
-        "imagefolder",
-        (3, 224, 224),
-        len(train_set.classes),
-        len(train_set),
-        len(test_set),
-        loader(train_set),  # type: ignore[arg-type]
-        loader(test_set),  # type: ignore[arg-type]
-    )
+    """``root/train`` and ``root/val`` (ImageNet's layout), decoded as they are read."""
+    return dataset_source("imagefolder", ImageFolder(root / "train"), ImageFolder(root / "val"))
 
 
-def load_data(config: TrainConfig) -> DataSource:
-    """The dataset of ``config`` (already validated)."""
-    if config.dataset == "digits":
-        return _digits(config.seed)
-    if config.dataset == "mnist1d":
-        return _mnist1d(config.num_samples, Path(config.data_path) if config.data_path else None)
-    if config.dataset == "synthetic_cifar":
-        return _synthetic((3, 32, 32), 10, config.num_samples, config.seed)
-    if config.dataset == "synthetic_imagenet":
-        return _synthetic((3, 224, 224), 1000, config.num_samples, config.seed)
-    if config.dataset == "generated_text":
-        from kfac_hpc.train.text_data import generated_text
+# The built-in datasets' factories (contracts/workload_names.py registers them by name).
 
-        return generated_text(config.num_samples, config.context_length)
-    assert config.data_path is not None
-    if config.dataset == "text":
-        from kfac_hpc.train.text_data import text_files
 
-        return text_files(Path(config.data_path), config.context_length)
-    if config.dataset == "cifar10":
-        return _cifar10(Path(config.data_path))
-    return _imagefolder(Path(config.data_path))
+def digits(ctx: FactoryContext) -> DataSource:
+    """The 8x8 UCI digits shipped with the package."""
+    return _digits(ctx.config.seed)
+
+
+def mnist1d(ctx: FactoryContext) -> DataSource:
+    """MNIST-1D, generated locally (``--data-path``: a cache folder)."""
+    return _mnist1d(ctx.config.num_samples, ctx.data_path)
+
+
+def synthetic_cifar(ctx: FactoryContext) -> DataSource:
+    """Random 3x32x32 images of 10 classes (throughput)."""
+    return _synthetic((3, 32, 32), 10, ctx.config.num_samples, ctx.config.seed)
+
+
+def synthetic_imagenet(ctx: FactoryContext) -> DataSource:
+    """Random 3x224x224 images of 1,000 classes (throughput)."""
+    return _synthetic((3, 224, 224), 1000, ctx.config.num_samples, ctx.config.seed)
+
+
+def cifar10(ctx: FactoryContext) -> DataSource:
+    """CIFAR-10's binary batches in ``--data-path``."""
+    assert ctx.data_path is not None  # the config requires it
+    return _cifar10(ctx.data_path)
+
+
+def imagefolder(ctx: FactoryContext) -> DataSource:
+    """An ImageNet-layout folder (``train/CLASS/*.jpg``, ``val/CLASS/*.jpg``)."""
+    assert ctx.data_path is not None  # the config requires it
+    return _imagefolder(ctx.data_path)
+
+
+def generated_text(ctx: FactoryContext) -> DataSource:
+    """Byte windows of the corpus generated in kfac_hpc.train.text_data (``gpt``'s)."""
+    from kfac_hpc.train import text_data  # it builds on DataSource: imported when used
+
+    return text_data.generated_text(ctx.config.num_samples, ctx.config.context_length)
+
+
+def text(ctx: FactoryContext) -> DataSource:
+    """Byte windows of a UTF-8 file or folder of files in ``--data-path`` (``gpt``'s)."""
+    from kfac_hpc.train import text_data
+
+    assert ctx.data_path is not None  # the config requires it
+    return text_data.text_files(ctx.data_path, ctx.config.context_length)
 
 
 def _augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -249,11 +327,19 @@ class ShardedBatches:
         seed: int,
         augment: bool,
         pin_memory: bool = False,
+        workers: int = 0,
     ) -> None:
         """``pin_memory``: hand out batches in page-locked host memory, so that the copy to
-        the GPU (``.to(device, non_blocking=True)``) runs asynchronously."""
+        the GPU (``.to(device, non_blocking=True)``) runs asynchronously. ``workers``: read a
+        Dataset's samples (``source.dataset``) in that many worker processes, ahead of the
+        step (:mod:`kfac_hpc.train.loader`); in-memory tensors are always read in place."""
         self.source = source
         self.pin_memory = pin_memory
+        self.loader = (
+            StepLoader(source.dataset, workers, pin_memory)
+            if workers > 0 and source.dataset is not None
+            else None
+        )
         self.global_batch = global_batch
         self.per_rank = global_batch // world_size
         self.rank = rank
@@ -270,12 +356,18 @@ class ShardedBatches:
             gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
             self._perm = torch.randperm(self.source.train_len, generator=gen)
             self._epoch = epoch
-        start = step_in_epoch * self.global_batch + self.rank * self.per_rank
-        x, y = self.source.train(self._perm[start : start + self.per_rank])
+        part = slice(self.rank * self.per_rank, (self.rank + 1) * self.per_rank)
+        if self.loader is not None:
+            x, y = self.loader.batch(
+                self._perm, epoch, step_in_epoch, self.steps_per_epoch, self.global_batch, part
+            )
+        else:
+            start = step_in_epoch * self.global_batch
+            x, y = self.source.train(self._perm[start + part.start : start + part.stop])
         if self.augment:
             key = ((self.seed * 1_000_003 + epoch) * 100_003 + step_in_epoch) * 1009 + self.rank
             x = _augment(x, torch.Generator().manual_seed(key))
-        if self.pin_memory:
+        if self.pin_memory and not x.is_pinned():
             return x.pin_memory(), y.pin_memory()
         return x, y
 

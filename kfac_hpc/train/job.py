@@ -45,12 +45,11 @@ from kfac_hpc.contracts import OPTIONS, PHASES, HostMemory, RunDir
 from kfac_hpc.runtime import DistributedContext
 from kfac_hpc.train.attempt import average_buffers, broadcast_parameters, parameters_finite
 from kfac_hpc.train.config import ConfigError, TrainConfig
-from kfac_hpc.train.data import DataSource, ShardedBatches
+from kfac_hpc.train.data import METRICS, DataSource, ShardedBatches
 from kfac_hpc.train.faults import fault_plan
 from kfac_hpc.train.methods import MethodSetup, build_method, method_name
 from kfac_hpc.train.methods.base import TrainingDiverged
 from kfac_hpc.train.methods.resume import recorded, training_mismatch
-from kfac_hpc.train.models import build_model
 from kfac_hpc.train.optimizers import learning_rate
 from kfac_hpc.train.precision import Precision
 from kfac_hpc.train.preemption import PreemptionHandler
@@ -58,8 +57,9 @@ from kfac_hpc.train.progress import Progress
 from kfac_hpc.train.records import WindowRecorder, eval_record, run_facts
 from kfac_hpc.train.step import TrainStep, evaluate
 from kfac_hpc.train.summary import AttemptLog
+from kfac_hpc.train.threads import set_rank_threads
 from kfac_hpc.train.timing import PhaseTimer, phase_timer
-from kfac_hpc.train.transformer import GPTSizes
+from kfac_hpc.train.workloads import build_model
 
 __all__ = ["Job", "PeerInputError", "Position", "TrainingDiverged", "agree_on_input"]
 
@@ -165,6 +165,10 @@ class Job:
         self.rank, self.world_size = ctx.rank, ctx.world_size
         self.comm_device = torch.device("cpu") if ctx.backend == "gloo" else ctx.device
         self.sizes = config.batch_sizes(ctx.world_size)
+        self.threads = set_rank_threads(config.threads, ctx.launch.local_world_size)
+        threads = int(self.threads["threads"])
+        workers = config.data_workers if config.data_workers is not None else min(4, threads // 2)
+        self.data_workers = workers if data.dataset is not None else 0
         self.batches = ShardedBatches(
             data,
             self.sizes.global_batch_size,
@@ -173,6 +177,7 @@ class Job:
             config.seed,
             config.augment,
             pin_memory=ctx.device.type == "cuda",
+            workers=self.data_workers,
         )
         self.steps_per_epoch = self.batches.steps_per_epoch
         self.total_steps = config.steps or config.epochs * self.steps_per_epoch
@@ -183,7 +188,7 @@ class Job:
         self.fault = fault_plan()
         torch.manual_seed(config.seed)
         self.model: nn.Module = build_model(
-            config.model, data.shape, data.num_classes, config.cnn1d_channels, GPTSizes.of(config)
+            config, data.shape, data.num_classes, self.rank, self.world_size
         )
         self.model.to(ctx.device)
         self.precision = Precision(config.precision, ctx.device)
@@ -238,6 +243,7 @@ class Job:
                 method=self.method.name,
                 config_method=self.config.method,
                 optimizer=self.config.optimizer,
+                workload=self.config.workload(),
             )
             if mismatch is not None and named:  # the user's file: refused naming the setting
                 where = f"; {OPTIONS['resume_from'].flag} {checkpoint.path}"
@@ -292,8 +298,8 @@ class Job:
         )
 
     # ----------------------------------------------------------------- evaluation
-    def evaluate(self, step: int) -> float:
-        """Test accuracy over every rank's share of the test set; rank 0 records it."""
+    def evaluate(self, step: int) -> tuple[float, float]:
+        """Test (loss, accuracy) over every rank's share of the test set; rank 0 records it."""
         self.method.synchronize()
         average_buffers(self.model, self.world_size)
         loss, accuracy = evaluate(
@@ -303,7 +309,7 @@ class Job:
             epoch = step // self.steps_per_epoch
             record = eval_record(self.attempt, step, epoch, self.wall_s(), loss, accuracy)
             self.run_dir.append_metrics(record)
-        return accuracy
+        return loss, accuracy
 
     # ----------------------------------------------------------------- checkpoints
     def save(self, step: int) -> None:
@@ -325,7 +331,7 @@ class Job:
             extra={
                 "attempt": self.attempt,
                 "wall_s": self.wall_s(),
-                **recorded(self.method.name, self.config.optimizer),
+                **recorded(self.method.name, self.config.optimizer, self.config.workload()),
             },
         )
         (self.writer or self.manager).save(state)
@@ -391,9 +397,9 @@ class Job:
             self.diverged_at = step
 
     def _evaluate_at(self, step: int, progress: Progress) -> None:
-        accuracy = self.evaluate(step)
-        target = self.config.target_accuracy
-        if target is not None and accuracy >= target:
+        loss, accuracy = self.evaluate(step)
+        target = self.config.target
+        if target is not None and target.reached(accuracy, loss):
             self.reached_target = True
         progress.epoch(step, accuracy, self.wall_s())
 
@@ -419,8 +425,13 @@ class Job:
         method = {"method": self.method.name, **self.method.run_facts()}
         epochs = step // self.steps_per_epoch
         facts = run_facts(self.config, self.ctx, self.run_dir, method, step, epochs, step_times)
+        metric = self.batches.source.metric
         return {
             **facts,
+            **self.threads,
+            "data_workers": self.data_workers,
+            "metric": metric,
+            "higher_is_better": METRICS[metric],
             "host_memory": str(self.host_memory),
             "skipped_checkpoints": self._skipped_records(),
         }

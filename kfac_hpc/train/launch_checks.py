@@ -60,41 +60,37 @@ def check_train_args(argv: Sequence[str], world_size: int) -> None:
 
 
 def check_loadable(argvs: Sequence[Sequence[str]]) -> tuple[int, InputError] | None:
-    """Load the dataset and build the model of every command line (each distinct one once;
-    torch is imported): the position of the first that cannot, and why (the flag to fix);
-    None when all can. The arguments are valid (:func:`check_train_args`)."""
-    from kfac_hpc.train.data import load_data
-    from kfac_hpc.train.models import build_model
-    from kfac_hpc.train.transformer import GPTSizes
+    """Load the dataset and build the model of every command line (each distinct workload
+    once, its factories imported and called as the job calls them at rank 0 of 1; torch is
+    imported): the position of the first that cannot, and why (the flag to fix); None when
+    all can. The arguments are valid (:func:`check_train_args`)."""
+    from kfac_hpc.train.workloads import build_model, load_data
 
-    datasets: dict[tuple[Any, ...], tuple[tuple[int, ...], int]] = {}
-    models: set[tuple[Any, ...]] = set()
+    datasets: dict[str, tuple[tuple[int, ...], int]] = {}
+    models: set[str] = set()
     for index, argv in enumerate(argvs):
         config = _config(argv)
-        data_key = (config.dataset, config.data_path, config.num_samples)
-        if data_key not in datasets:
-            try:
+        record = _workload_key(config)
+        try:
+            if record["dataset"] not in datasets:
                 data = load_data(config)
-            except Exception as exc:  # any failure of the user's data is bad input here
-                flag = "data_path" if config.data_path else "dataset"
-                why = f"--dataset {config.dataset} cannot be loaded here: {_one_line(exc)}"
-                return index, InputError(flag, why)
-            datasets[data_key] = (data.shape, data.num_classes)
-        shape, classes = datasets[data_key]
-        gpt = GPTSizes.of(config)
-        model_key = (config.model, shape, classes, config.cnn1d_channels, gpt)
-        if model_key not in models:
-            try:
-                build_model(config.model, shape, classes, config.cnn1d_channels, gpt)
-            except Exception as exc:  # a model that does not fit the data's shape
-                why = (
-                    f"--model {config.model} cannot be built for --dataset {config.dataset}: "
-                    f"{_one_line(exc)}"
-                )
-                return index, InputError("model", why)
-            models.add(model_key)
+                datasets[record["dataset"]] = (data.shape, data.num_classes)
+            shape, classes = datasets[record["dataset"]]
+            if record["model"] + record["dataset"] not in models:
+                build_model(config, shape, classes)
+                models.add(record["model"] + record["dataset"])
+        except InputError as exc:
+            return index, exc
     return None
 
 
-def _one_line(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+def _workload_key(config: TrainConfig) -> dict[str, str]:
+    """What decides a run's data and model, as text: the same text, the same workload."""
+    fields = {
+        "dataset": ("dataset", "dataset_arg", "data_path", "num_samples", "context_length"),
+        "model": (
+            *("model", "model_arg", "cnn1d_channels", "context_length"),
+            *("gpt_layers", "gpt_d_model", "gpt_heads", "gpt_tied"),
+        ),
+    }
+    return {kind: repr([getattr(config, f) for f in names]) for kind, names in fields.items()}

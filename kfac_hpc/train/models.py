@@ -1,8 +1,7 @@
 """The networks of the job, written here so torchvision stays optional.
 
 Inputs are NCHW image batches (NCL sequences for ``cnn1d``); outputs are logits of shape
-(N, num_classes). ``gpt`` (kfac_hpc/train/transformer.py) takes byte ids (N, T) and returns
-logits (N, T, 256).
+(N, num_classes).
 CIFAR ResNets follow He et al. 2016 (3 stages of 16/32/64 channels, 6n+2 layers) with 1x1
 projection shortcuts where the shape changes; ResNet-50 is the ImageNet bottleneck network.
 """
@@ -10,13 +9,17 @@ projection shortcuts where the shape changes; ResNet-50 is the ImageNet bottlene
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from kfac_hpc.train.transformer import GPT, GPTSizes
 
-__all__ = ["build_model"]
+if TYPE_CHECKING:
+    from kfac_hpc.train.workloads import FactoryContext
+
+__all__ = ["cnn1d", "gpt", "mlp", "resnet20", "resnet32", "resnet50", "resnet56", "small_cnn"]
 
 
 class SmallCNN(nn.Module):
@@ -143,27 +146,58 @@ def _resnet50(channels: int, num_classes: int) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def build_model(
-    name: str,
-    input_shape: tuple[int, ...],
-    num_classes: int,
-    cnn1d_channels: int = 25,
-    gpt: GPTSizes | None = None,
-) -> nn.Module:
-    """The network ``name`` for inputs of shape (C, H, W), or (C, L) for ``cnn1d`` (whose
-    convolutions have ``cnn1d_channels`` channels), or (T,) byte ids for ``gpt`` (of sizes
-    ``gpt``, its context T); names are contracts.options.MODELS."""
-    if name == "gpt":
-        return GPT(gpt or GPTSizes(context=input_shape[-1]))
-    channels = input_shape[0]
-    if name == "mlp":
-        return _mlp(math.prod(input_shape), num_classes)
-    if name == "cnn1d":
-        return _cnn1d(channels, input_shape[-1], num_classes, cnn1d_channels)
-    if name == "small_cnn":
-        return SmallCNN(channels, num_classes)
-    if name in ("resnet20", "resnet32", "resnet56"):
-        return _cifar_resnet(int(name[len("resnet") :]), channels, num_classes)
-    if name == "resnet50":
-        return _resnet50(channels, num_classes)
-    raise ValueError(f"unknown model {name!r}")
+# The built-in models' factories (contracts/workload_names.py registers them by name): each
+# takes the FactoryContext of kfac_hpc.train.workloads (input_shape, num_classes, config).
+
+
+def _inputs(ctx: FactoryContext) -> tuple[tuple[int, ...], int]:
+    assert ctx.input_shape is not None and ctx.num_classes is not None
+    return ctx.input_shape, ctx.num_classes
+
+
+def small_cnn(ctx: FactoryContext) -> nn.Module:
+    """Two convolutions, two linear layers (images)."""
+    shape, classes = _inputs(ctx)
+    return SmallCNN(shape[0], classes)
+
+
+def mlp(ctx: FactoryContext) -> nn.Module:
+    """Three linear layers on the flattened input (any shape)."""
+    shape, classes = _inputs(ctx)
+    return _mlp(math.prod(shape), classes)
+
+
+def cnn1d(ctx: FactoryContext) -> nn.Module:
+    """The MNIST-1D paper's CNN (sequences; ``--cnn1d-channels`` wide)."""
+    shape, classes = _inputs(ctx)
+    return _cnn1d(shape[0], shape[-1], classes, ctx.config.cnn1d_channels)
+
+
+def resnet20(ctx: FactoryContext) -> nn.Module:
+    """CIFAR ResNet-20 (images)."""
+    shape, classes = _inputs(ctx)
+    return _cifar_resnet(20, shape[0], classes)
+
+
+def resnet32(ctx: FactoryContext) -> nn.Module:
+    """CIFAR ResNet-32 (images)."""
+    shape, classes = _inputs(ctx)
+    return _cifar_resnet(32, shape[0], classes)
+
+
+def resnet56(ctx: FactoryContext) -> nn.Module:
+    """CIFAR ResNet-56 (images)."""
+    shape, classes = _inputs(ctx)
+    return _cifar_resnet(56, shape[0], classes)
+
+
+def resnet50(ctx: FactoryContext) -> nn.Module:
+    """ImageNet ResNet-50 (images)."""
+    shape, classes = _inputs(ctx)
+    return _resnet50(shape[0], classes)
+
+
+def gpt(ctx: FactoryContext) -> nn.Module:
+    """A GPT-style byte-level decoder (byte windows; sizes from the ``gpt_*`` options and
+    ``--context-length``)."""
+    return GPT(GPTSizes.of(ctx.config))

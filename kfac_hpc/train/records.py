@@ -211,8 +211,7 @@ def run_facts(
     sizes = config.batch_sizes(ctx.world_size)
     return {
         "config_hash": config.config_hash(),
-        "model": config.model,
-        "dataset": config.dataset,
+        **config.workload(),
         "optimizer": config.optimizer,
         "precision": config.precision,
         **method,
@@ -222,5 +221,6 @@ def run_facts(
         "steps": step,
         "epochs": epochs,
         "target_accuracy": config.target_accuracy,
+        "target_loss": config.target_loss,
         **launch_facts(ctx, run_dir, step_times),
     }

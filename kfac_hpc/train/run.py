@@ -16,12 +16,13 @@ from kfac_hpc.contracts import SCHEMA_VERSION, ExitCode, HostMemory, RunDir, wri
 from kfac_hpc.runtime import DistributedContext, init_distributed, keep_freed_host_memory, shutdown
 from kfac_hpc.train.attempt import begin_attempt, end_attempt, record_failure
 from kfac_hpc.train.config import ConfigError, TrainConfig, check_run_dir
-from kfac_hpc.train.data import DataSource, load_data
+from kfac_hpc.train.data import DataSource
 from kfac_hpc.train.job import Job, Position, TrainingDiverged, agree_on_input
 from kfac_hpc.train.preemption import REQUEUE_EXIT_CODE, PreemptionHandler, ignore_signals
 from kfac_hpc.train.progress import Progress
 from kfac_hpc.train.records import WindowRecorder
 from kfac_hpc.train.summary import AttemptLog
+from kfac_hpc.train.workloads import load_data
 
 __all__ = ["EXIT_DONE", "EXIT_FAILED", "run_training"]
 
@@ -66,10 +67,7 @@ def _check_inputs(config: TrainConfig, ctx: DistributedContext) -> DataSource:
             f"{config.grad_worker_fraction} of {ctx.world_size} ranks is not a whole number of "
             "ranks dividing the world size; use comm-opt, mem-opt, hybrid-opt or such a fraction",
         )
-    try:
-        data = load_data(config)
-    except (OSError, ValueError, ImportError) as exc:
-        raise ConfigError("data_path", str(exc)) from None
+    data = load_data(config, ctx.rank, ctx.world_size)
     if data.train_len < sizes.global_batch_size:
         raise ConfigError(
             "batch_size",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from kfac_hpc.train.data import ShardedBatches
@@ -23,14 +22,9 @@ from kfac_hpc.train.methods import Method
 from kfac_hpc.train.precision import Precision
 from kfac_hpc.train.timing import PhaseTimer
 
-__all__ = ["EVAL_BATCH", "TrainStep", "evaluate", "token_loss"]
+__all__ = ["EVAL_BATCH", "TrainStep", "evaluate"]
 
 EVAL_BATCH = 512
-
-
-def token_loss(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy of logits (N, C) or (N, T, C) against labels (N,) or (N, T)."""
-    return F.cross_entropy(logits.flatten(0, -2), y.flatten(), reduction=reduction)
 
 
 class TrainStep:
@@ -51,10 +45,11 @@ class TrainStep:
         self.method = method
         self.grad_sync = GradientAllreduce(model, world_size)
         self.precision = precision or Precision("fp32", device)
+        self.loss_fn = batches.source.loss
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with self.precision.autocast():
-            return token_loss(self.model(x), y)
+            return self.loss_fn(self.model(x), y)
 
     def __call__(
         self, step: int, lr: float, flags: list[float], timer: PhaseTimer
@@ -89,10 +84,11 @@ def evaluate(
     world_size: int,
     precision: Precision | None = None,
 ) -> tuple[float, float]:
-    """(mean loss, accuracy) over every rank's share of the test set, per label: per token of
-    sequence outputs (the validation loss of the transformer workload). Collective."""
+    """(mean loss, accuracy) over every rank's share of the test set, per target position
+    (a sample's class, or each token of a sequence); the loss is the workload's. Collective."""
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=device)
+    loss_fn = batches.source.loss
     precision = precision or Precision("fp32", device)
     with torch.no_grad():
         for idx in batches.test_batches(EVAL_BATCH):
@@ -100,7 +96,7 @@ def evaluate(
             x, y = x.to(device), y.to(device)
             with precision.autocast():
                 logits = model(x)
-            totals[0] += token_loss(logits.float(), y, reduction="sum")
+            totals[0] += loss_fn(logits.float(), y).double() * y.numel()
             totals[1] += (logits.argmax(-1) == y).sum()
             totals[2] += y.numel()
     model.train()

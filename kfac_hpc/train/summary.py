@@ -113,13 +113,22 @@ def _phase_means(records: list[dict[str, Any]], world_size: int) -> dict[str, An
     }
 
 
-def _accuracies(evals: list[dict[str, Any]], target: float | None) -> dict[str, Any]:
-    reached = [e for e in evals if target is not None and e["accuracy"] >= target]
+def _quality(evals: list[dict[str, Any]], facts: dict[str, Any]) -> dict[str, Any]:
+    """Final and best test accuracy and loss, and the first time the target was reached:
+    ``target_accuracy`` (higher is better) or ``target_loss`` (lower is better)."""
+    accuracy, loss = facts.get("target_accuracy"), facts.get("target_loss")
+    if accuracy is not None:
+        reached = [e for e in evals if e["accuracy"] >= accuracy]
+    else:
+        reached = [e for e in evals if loss is not None and e["loss"] <= loss]
     first = min(reached, key=lambda e: e["wall_s"]) if reached else None
     return {
         "final_accuracy": evals[-1]["accuracy"] if evals else None,
         "best_accuracy": max((e["accuracy"] for e in evals), default=None),
-        "target_accuracy": target,
+        "final_test_loss": evals[-1]["loss"] if evals else None,
+        "best_test_loss": min((e["loss"] for e in evals), default=None),
+        "target_accuracy": accuracy,
+        "target_loss": loss,
         "time_to_target_s": first["wall_s"] if first else None,
         "step_to_target": first["step"] if first else None,
     }
@@ -144,7 +153,7 @@ def build_summary(
     if error is not None:
         summary["error"] = error
     summary.update(facts)
-    summary.update(_accuracies(evals, facts.get("target_accuracy")))
+    summary.update(_quality(evals, facts))
     summary.update(
         {
             "wall_s": sum(a["wall_s"] for a in attempts),

@@ -42,7 +42,9 @@ def _source(name: str, train: torch.Tensor, test: torch.Tensor, context: int) ->
         return get
 
     n_train, n_test = ((len(part) - 1) // context for part in (train, test))
-    return DataSource(name, (context,), 256, n_train, n_test, sampler(train), sampler(test))
+    return DataSource(
+        name, (context,), 256, n_train, n_test, sampler(train), sampler(test), metric="loss"
+    )
 
 
 def _split(data: bytes, context: int, where: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -62,4 +62,4 @@ def test_report_without_target_says_why_in_one_line(tmp_path, chromium):
     assert run_report(tmp_path / "sweep").returncode == 0
     facts = measure(tmp_path / "sweep" / "report" / "report.html", chromium, tmp_path)
     assert_reads_well(facts)
-    assert "No target accuracy was set: pass --target-accuracy." in facts["text"]
+    assert "No target was set: pass --target-accuracy or --target-loss." in facts["text"]

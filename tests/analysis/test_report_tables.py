@@ -49,7 +49,7 @@ def test_all_twelve_phases_turn_into_rows_in_one_unit(tmp_path):
 
 def test_sections_without_data_are_one_line_saying_why(tmp_path):
     markdown = to_markdown(_blocks(tmp_path, {"forward": 0.02}), tmp_path)
-    assert "No target accuracy was set: pass `--target-accuracy`." in markdown
+    assert "No target was set: pass `--target-accuracy` or `--target-loss`." in markdown
     assert "No point was requeued: each ran in one attempt." in markdown
     assert "No file problem was worked around." in markdown
     assert "e-0" not in markdown and "time_to_target_s" not in markdown

@@ -70,8 +70,8 @@ def test_without_target_or_stragglers_the_sentences_say_so(tmp_path):
     for run in runs:
         run.rank_skew = 0.001  # 4 ranks at 2 nodes: spread 0.3 %
     assert _sentences(tmp_path, runs) == [
-        "K-FAC and first-order time to target are not compared: no target accuracy was set "
-        "(pass --target-accuracy).",
+        "K-FAC and first-order time to target are not compared: no target was set "
+        "(pass --target-accuracy or --target-loss).",
         "Highest throughput: SGD at every node count, from 640 samples/s at 1 node to "
         "1,070 samples/s at 2 nodes.",
         # SGD 1066.7 / 640 / 2 = 0.833, K-FAC 800 / 492.3 / 2 = 0.813

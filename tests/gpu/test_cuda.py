@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from kfac_hpc import KFACPreconditioner
-from kfac_hpc.train.models import build_model
+from kfac_hpc.train.config import TrainConfig
 from kfac_hpc.train.timing import CudaEventTimer, PhaseTimer, phase_timer
+from kfac_hpc.train.workloads import build_model
 from tests.conftest import VENV_BIN, clean_env
 
 pytestmark = pytest.mark.gpu
@@ -40,7 +41,7 @@ def _preconditioned(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) ->
 
 def test_kfac_on_cuda_matches_cpu_float64(cuda: torch.device) -> None:
     torch.manual_seed(0)
-    model = build_model("small_cnn", (1, 8, 8), 10)
+    model = build_model(TrainConfig(model="small_cnn"), (1, 8, 8), 10)
     reference = copy.deepcopy(model).double()
     x, y = _batch()
     on_gpu = _preconditioned(model.to(cuda), x.to(cuda), y.to(cuda))
@@ -79,7 +80,7 @@ def test_amp_with_grad_scaler_and_bfloat16(cuda: torch.device) -> None:
     x, y = (t.to(cuda) for t in _batch(128))
     for dtype in (torch.float16, torch.bfloat16):
         torch.manual_seed(0)
-        model = build_model("small_cnn", (1, 8, 8), 10).to(cuda)
+        model = build_model(TrainConfig(model="small_cnn"), (1, 8, 8), 10).to(cuda)
         scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         pre = KFACPreconditioner(model, grad_scaler=scaler if scaler.is_enabled() else None)
@@ -102,8 +103,8 @@ def test_amp_with_grad_scaler_and_bfloat16(cuda: torch.device) -> None:
 
 
 def test_pinned_input_batches(cuda: torch.device) -> None:
-    from kfac_hpc.train.config import TrainConfig
-    from kfac_hpc.train.data import ShardedBatches, load_data
+    from kfac_hpc.train.data import ShardedBatches
+    from kfac_hpc.train.workloads import load_data
 
     source = load_data(TrainConfig())
     x, y = ShardedBatches(source, 64, 0, 1, 0, False, pin_memory=True).batch(0, 0)

@@ -14,7 +14,8 @@ from kfac_hpc.plan.compute_costs import RatedCompute
 from kfac_hpc.plan.layers import INPUTS, model_shape
 from kfac_hpc.plan.model import CostModel, PlanConfig
 from kfac_hpc.plan.profiles import MachineProfile, NetworkProfile
-from kfac_hpc.train.models import build_model
+from kfac_hpc.train.config import TrainConfig
+from kfac_hpc.train.workloads import build_model
 from tests.helpers.models import profiled_gemm_flops
 
 
@@ -24,7 +25,7 @@ from tests.helpers.models import profiled_gemm_flops
 def test_forward_flops_match_torch_flop_counter(model: str, dataset: str) -> None:
     shape = model_shape(model, dataset)
     in_shape, classes = INPUTS[dataset]
-    net = build_model(model, in_shape, classes).eval()
+    net = build_model(TrainConfig(model=model), in_shape, classes).eval()
     counter = FlopCounterMode(display=False)
     with counter, torch.no_grad():
         net(torch.zeros(3, *in_shape))
@@ -35,7 +36,7 @@ def test_forward_flops_match_torch_flop_counter(model: str, dataset: str) -> Non
 def _trained_preconditioner(model: str, dataset: str) -> KFACPreconditioner:
     in_shape, classes = INPUTS[dataset]
     torch.manual_seed(0)
-    net = build_model(model, in_shape, classes)
+    net = build_model(TrainConfig(model=model), in_shape, classes)
     pre = KFACPreconditioner(net)
     x, y = torch.randn(4, *in_shape), torch.randint(0, classes, (4,))
     torch.nn.functional.cross_entropy(net(x), y).backward()
@@ -138,7 +139,7 @@ def test_factor_flops_match_the_gemms_of_the_real_factor_code() -> None:
     shape = model_shape("resnet20", "cifar10")
     in_shape, classes = INPUTS["cifar10"]
     torch.manual_seed(0)
-    net = build_model("resnet20", in_shape, classes)
+    net = build_model(TrainConfig(model="resnet20"), in_shape, classes)
     pre = KFACPreconditioner(net, update_factors_in_hook=False)
     torch.nn.functional.cross_entropy(net(torch.randn(3, *in_shape)), torch.arange(3)).backward()
     captured = {name: (s.inputs[0], s.grads[0]) for name, s in pre.states.items()}

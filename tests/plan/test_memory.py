@@ -14,7 +14,8 @@ from kfac_hpc.cli import main
 from kfac_hpc.plan.errors import PlanInputError
 from kfac_hpc.plan.layers import INPUTS
 from kfac_hpc.plan.memory import DeviceMemory, MemoryConfig, MemoryModel, device_memory
-from kfac_hpc.train.models import build_model
+from kfac_hpc.train.config import TrainConfig
+from kfac_hpc.train.workloads import build_model
 
 PROFILE = """
 [machine]
@@ -40,7 +41,7 @@ def _factor_sizes(model: str, dataset: str) -> list[tuple[int, int]]:
     """(n_A, n_G) of every Linear and Conv2d, counted from the modules' weight shapes."""
     shape, classes = INPUTS[dataset]
     sizes = []
-    for module in build_model(model, shape, classes).modules():
+    for module in build_model(TrainConfig(model=model), shape, classes).modules():
         if isinstance(module, nn.Linear | nn.Conv2d):
             n_a = module.weight[0].numel() + (module.bias is not None)
             sizes.append((n_a, module.weight.shape[0]))
@@ -67,7 +68,10 @@ def test_mem_opt_spreads_factors_and_comm_opt_copies_them() -> None:
 
 def test_parameters_gradients_and_optimizer_state() -> None:
     shape, classes = INPUTS["digits"]
-    params = sum(p.numel() * 4 for p in build_model("small_cnn", shape, classes).parameters())
+    params = sum(
+        p.numel() * 4
+        for p in build_model(TrainConfig(model="small_cnn"), shape, classes).parameters()
+    )
     memory = MemoryModel("small_cnn", "digits")
     sgd = memory.predict(MemoryConfig("sgd", 1, 8)).parts
     assert sgd == {"parameters": params, "gradients": params, "optimizer": params}

@@ -17,7 +17,8 @@ from kfac_hpc.plan.layers import INPUTS, model_shape
 from kfac_hpc.plan.model import CostModel, PlanConfig
 from kfac_hpc.plan.placement import algorithm_s, nic_sharing, price_s, span
 from kfac_hpc.plan.profiles import MachineProfile, NetworkProfile
-from kfac_hpc.train.models import build_model
+from kfac_hpc.train.config import TrainConfig
+from kfac_hpc.train.workloads import build_model
 
 A1, B1 = 2e-6, 1 / 100e9  # intra: NVLink-like
 A2, B2 = 8e-6, 1 / 12.5e9  # inter: one EDR NIC
@@ -138,7 +139,7 @@ def test_hybrid_broadcasts_on_two_nodes_of_two() -> None:
 def _preconditioner_layers() -> tuple[KFACPreconditioner, list[str]]:
     in_shape, classes = INPUTS["digits"]
     torch.manual_seed(0)
-    pre = KFACPreconditioner(build_model("small_cnn", in_shape, classes))
+    pre = KFACPreconditioner(build_model(TrainConfig(model="small_cnn"), in_shape, classes))
     return pre, list(pre.states)
 
 

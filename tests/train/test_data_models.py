@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from kfac_hpc.train.config import TrainConfig
-from kfac_hpc.train.data import ShardedBatches, load_data
-from kfac_hpc.train.models import build_model
+from kfac_hpc.train.data import ShardedBatches
 from kfac_hpc.train.optimizers import learning_rate
+from kfac_hpc.train.workloads import build_model, load_data
 
 
 def _write_cifar_batch(path, labels, rng):
@@ -79,7 +79,7 @@ def test_synthetic_data_is_fixed_by_the_seed():
     ],
 )
 def test_models_give_logits_and_have_their_depth(name, shape, classes, convs):
-    model = build_model(name, shape, classes)
+    model = build_model(TrainConfig(model=name), shape, classes)
     out = model(torch.randn(2, *shape))
     assert out.shape == (2, classes)
     # conv count = depth - 1 (the classifier) + projection shortcuts (2 in CIFAR, 4 in ResNet-50)

@@ -25,7 +25,7 @@ def test_the_default_dataset_loads_with_sklearn_unimportable():
     code = (
         "import sys; sys.modules['sklearn'] = None\n"
         "from kfac_hpc.train.config import load_config\n"
-        "from kfac_hpc.train.data import load_data\n"
+        "from kfac_hpc.train.workloads import load_data\n"
         "data = load_data(load_config(None, {}))\n"
         "print(data.name, data.shape, data.num_classes, data.train_len, data.test_len)\n"
     )

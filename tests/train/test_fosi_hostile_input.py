@@ -27,7 +27,7 @@ from kfac_hpc.train.config import ConfigError, TrainConfig, load_config
 from kfac_hpc.train.job import TrainingDiverged
 from kfac_hpc.train.methods import MethodSetup
 from kfac_hpc.train.methods.fosi import FOSIMethod
-from kfac_hpc.train.models import build_model
+from kfac_hpc.train.workloads import build_model
 
 # The MLP on digits: 26,122 parameters; FOSI k = 2 with 4 Lanczos steps, the first ESE at step 1.
 MLP = ["--dataset", "digits", "--model", "mlp", "--batch-size", "64", "--no-progress"]
@@ -86,7 +86,7 @@ def test_sizes_at_the_parameter_count_exit_2_before_anything_is_written(tmp_path
 
 def _mlp_setup(**values: Any) -> MethodSetup:
     config = TrainConfig(model="mlp", kfac=False, fosi=True, **values)
-    return MethodSetup(config, build_model("mlp", (1, 8, 8), 10), 1)
+    return MethodSetup(config, build_model(TrainConfig(model="mlp"), (1, 8, 8), 10), 1)
 
 
 @pytest.mark.parametrize(
@@ -245,5 +245,5 @@ def test_library_state_mismatch_is_bad_input_of_resume_from(tmp_path, sgd_ckpt, 
 
 
 def test_the_mlp_on_digits_has_26122_parameters():
-    model: nn.Module = build_model("mlp", (1, 8, 8), 10)
+    model: nn.Module = build_model(TrainConfig(model="mlp"), (1, 8, 8), 10)
     assert sum(p.numel() for p in model.parameters()) == 26122

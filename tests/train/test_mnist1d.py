@@ -13,8 +13,7 @@ from torch import nn
 
 from kfac_hpc import KFACPreconditioner
 from kfac_hpc.train.config import ConfigError, TrainConfig
-from kfac_hpc.train.data import load_data
-from kfac_hpc.train.models import build_model
+from kfac_hpc.train.workloads import build_model, load_data
 
 pytest.importorskip("mnist1d")
 
@@ -42,7 +41,7 @@ def test_cnn1d_is_fully_preconditioned_and_learns_mnist1d() -> None:
     on 1,000 generated sequences lift training accuracy well above chance (10 %)."""
     source = load_data(TrainConfig(dataset="mnist1d", model="cnn1d", num_samples=1000))
     torch.manual_seed(0)
-    model = build_model("cnn1d", source.shape, source.num_classes)
+    model = build_model(TrainConfig(model="cnn1d"), source.shape, source.num_classes)
     pre = KFACPreconditioner(model, lr=0.05, damping=0.003, inv_update_steps=5)
     kinds = sorted(layer.kind for layer in pre.layers.values())
     assert kinds == ["Conv1d", "Conv1d", "Conv1d", "Linear"]
@@ -101,7 +100,7 @@ def test_mnist1d_cache_folder_must_exist(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("channels", [8, 64])
 def test_cnn1d_channels_sets_every_convolution_width(channels: int) -> None:
-    model = build_model("cnn1d", (1, 40), 10, cnn1d_channels=channels)
+    model = build_model(TrainConfig(model="cnn1d", cnn1d_channels=channels), (1, 40), 10)
     convs = [m for m in model.modules() if isinstance(m, nn.Conv1d)]
     assert [c.out_channels for c in convs] == [channels] * 3
     assert [c.in_channels for c in convs] == [1, channels, channels]

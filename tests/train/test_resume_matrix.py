@@ -223,11 +223,22 @@ def test_what_cannot_be_told_is_not_judged() -> None:
     for tree in ({}, {"optimizer": {}}, {"optimizer": {"param_groups": "x"}}, {"extra": 3}):
         assert saved_optimizers(tree, {}) == frozenset()
         assert saved_method(tree, {}) == (None, False)
-        mine = {"method": "kfac", "config_method": "kfac", "optimizer": "adam"}
+        workload = {"model": "mlp", "model_args": {}, "dataset": "digits", "dataset_args": {}}
+        mine = {
+            "method": "kfac",
+            "config_method": "kfac",
+            "optimizer": "adam",
+            "workload": workload,
+        }
         assert training_mismatch(tree, {}, **mine) is None
     # Adam or AdamW (torch before decoupled_weight_decay) against SGD: refused
     mismatch = training_mismatch(
-        {"optimizer": adam_family}, {}, method="kfac", config_method="kfac", optimizer="sgd"
+        {"optimizer": adam_family},
+        {},
+        method="kfac",
+        config_method="kfac",
+        optimizer="sgd",
+        workload=workload,
     )
     assert mismatch is not None and mismatch.field == "optimizer"
     assert "--optimizer adam or adamw;" in mismatch.reason()

@@ -16,10 +16,10 @@ from kfac_hpc import KFACPreconditioner
 from kfac_hpc.cli import main
 from kfac_hpc.train import precision as precision_module
 from kfac_hpc.train.config import ConfigError, TrainConfig
-from kfac_hpc.train.data import ShardedBatches, load_data
-from kfac_hpc.train.step import token_loss
+from kfac_hpc.train.data import ShardedBatches, cross_entropy
 from kfac_hpc.train.text_data import generated_corpus, generated_text, text_files
 from kfac_hpc.train.transformer import GPT, GPTSizes
+from kfac_hpc.train.workloads import load_data
 
 from .conftest import metrics, read_json
 
@@ -138,13 +138,13 @@ def test_kfac_factors_of_every_gpt_linear_equal_a_dense_oracle() -> None:
         return hook
 
     handles = [m.register_forward_hook(record(n)) for n, m in linears.items()]
-    loss = token_loss(model(x), y)
+    loss = cross_entropy(model(x), y)
     grads = dict(zip(outputs, torch.autograd.grad(loss, list(outputs.values())), strict=True))
     for handle in handles:
         handle.remove()
     pre = KFACPreconditioner(model, factor_decay=0.5, damping=1e-3, kl_clip=None)
     assert set(pre.layers) == set(linears)  # embeddings and LayerNorms are not registered
-    token_loss(model(x), y).backward()
+    cross_entropy(model(x), y).backward()
     pre.step()
     n = x.shape[0]
     for name, module in linears.items():

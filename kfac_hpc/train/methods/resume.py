@@ -1,8 +1,9 @@
-"""What a checkpoint was saved with (training method, base optimizer), and whether this run
-may continue it: the job refuses another method or base optimizer by name before anything is
-loaded (docs/train.md, "Resume").
+"""What a checkpoint was saved with (workload, training method, base optimizer), and whether
+this run may continue it: the job refuses another model, dataset, method or base optimizer by
+name before anything is loaded (docs/train.md, "Resume").
 
-Checkpoints of the job record both by name (``extra``: ``method``, ``optimizer``). Older ones
+Checkpoints of the job record them by name (``extra``: ``workload``, ``method``,
+``optimizer``). Older ones
 are judged by what is there: the saved config's ``--optimizer`` and method switches, else the
 method's state group (``kfac_state``, ``fosi_state``) and the saved optimizer settings (SGD's
 momentum, the Adam family's betas; Adam and AdamW apart only by ``decoupled_weight_decay``,
@@ -12,13 +13,21 @@ still apply).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.options import FIRST_ORDER, METHOD_SWITCHES, OPTIONS, method_of
 
-__all__ = ["Mismatch", "recorded", "saved_method", "saved_optimizers", "training_mismatch"]
+__all__ = [
+    "Mismatch",
+    "recorded",
+    "saved_method",
+    "saved_optimizers",
+    "saved_workload",
+    "training_mismatch",
+]
 
 # The job's --optimizer values by torch class (FOSI's state names its base's class).
 _BY_CLASS = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw"}
@@ -42,9 +51,44 @@ class Mismatch(NamedTuple):
         )
 
 
-def recorded(method: str, optimizer: str) -> dict[str, str]:
-    """What the job records in every checkpoint's ``extra``: the method and ``--optimizer``."""
-    return {"method": method, "optimizer": optimizer}
+def recorded(method: str, optimizer: str, workload: Mapping[str, Any]) -> dict[str, str]:
+    """What the job records in every checkpoint's ``extra``: the method, ``--optimizer`` and
+    the workload (``model``, ``model_args``, ``dataset``, ``dataset_args``, as JSON)."""
+    return {
+        "method": method,
+        "optimizer": optimizer,
+        "workload": json.dumps(dict(workload), sort_keys=True),
+    }
+
+
+def saved_workload(tree: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """The workload a checkpoint was saved with: recorded by name, else what its saved
+    config names (model and dataset only where the arguments were not recorded)."""
+    text = _extra(tree).get("workload")
+    if isinstance(text, str):
+        try:
+            saved = json.loads(text)
+            if isinstance(saved, dict):
+                return saved
+        except ValueError:
+            pass
+    return {k: config[k] for k in ("model", "dataset") if isinstance(config.get(k), str)}
+
+
+def _workload_flags(workload: Mapping[str, Any], kind: str) -> str:
+    """A workload's model or dataset as the flags that name it."""
+    args = workload.get(f"{kind}_args") or {}
+    flags = [f"{OPTIONS[kind].flag} {workload.get(kind)}"]
+    flags += [f"{OPTIONS[kind + '_arg'].flag} {k}={v}" for k, v in sorted(args.items())]
+    return " ".join(flags)
+
+
+def _workload_mismatch(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> Mismatch | None:
+    for kind in ("model", "dataset"):
+        keys = [k for k in (kind, f"{kind}_args") if k in saved]
+        if any(saved[k] != mine.get(k) for k in keys):
+            return Mismatch(kind, _workload_flags(saved, kind), _workload_flags(mine, kind))
+    return None
 
 
 def _extra(tree: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -117,11 +161,16 @@ def training_mismatch(
     method: str,
     config_method: str,
     optimizer: str,
+    workload: Mapping[str, Any],
 ) -> Mismatch | None:
     """Why a checkpoint (``tree``, saved under ``config``) cannot be continued by a run of
-    ``method`` (its registered name; ``config_method`` is what its config's switches say)
-    around ``--optimizer optimizer``: another method, else another base optimizer; None when
-    both are the same or cannot be told."""
+    ``workload`` (:func:`recorded`'s), ``method`` (its registered name; ``config_method`` is
+    what its config's switches say) around ``--optimizer optimizer``: another model or
+    dataset, else another method, else another base optimizer; None when all are the same or
+    cannot be told."""
+    other = _workload_mismatch(saved_workload(tree, config), workload)
+    if other is not None:
+        return other
     saved, by_name = saved_method(tree, config)
     mine = method if by_name else config_method
     if saved is not None and saved != mine:

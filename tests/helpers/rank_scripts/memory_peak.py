@@ -29,13 +29,13 @@ from torch.profiler import ProfilerActivity, profile
 from kfac_hpc.contracts import PHASES
 from kfac_hpc.plan.layers import INPUTS
 from kfac_hpc.runtime import init_distributed, shutdown
-from kfac_hpc.train.config import load_config
+from kfac_hpc.train.config import TrainConfig, load_config
 from kfac_hpc.train.data import DataSource, ShardedBatches
 from kfac_hpc.train.methods import MethodSetup, build_method
 from kfac_hpc.train.methods.registry import method_name
-from kfac_hpc.train.models import build_model
 from kfac_hpc.train.step import TrainStep
 from kfac_hpc.train.timing import PhaseTimer
+from kfac_hpc.train.workloads import build_model
 from tests.helpers.rank_checks import main_or_leave
 
 SAMPLES = 256
@@ -71,7 +71,7 @@ def measure(
     dist.barrier()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         torch.manual_seed(0)
-        net = build_model(model_name, shape, classes)
+        net = build_model(TrainConfig(model=model_name), shape, classes)
         name = method_name(config)
         method = build_method(name, MethodSetup(config, net, world))
         step = TrainStep(net, data, torch.device("cpu"), method, world)
