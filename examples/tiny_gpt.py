@@ -104,7 +104,9 @@ def main() -> None:
     labels = {"model": f"tiny_gpt_{args.layers}x{args.width}", "dataset": "generated_bytes"}
     # weak scaling: every rank takes --batch-size sequences, the global batch grows with ranks
     every = {"log_every": 5, "checkpoint_every": args.checkpoint_every}
-    with kfac_hpc.Run(args.run_dir, scaling="weak", config=settings, **labels, **every) as run:
+    with kfac_hpc.Run(
+        args.run_dir, scaling="weak", metric="loss", config=settings, **labels, **every
+    ) as run:
         torch.manual_seed(0)
         train, valid = (
             Windows(corpus(60_000, 1), args.context),

@@ -67,6 +67,7 @@ from kfac_hpc.train.attempt import (
     parameters_finite,
     record_failure,
 )
+from kfac_hpc.train.data import METRICS
 from kfac_hpc.train.faults import fault_plan
 from kfac_hpc.train.grad_sync import GradientAllreduce
 from kfac_hpc.train.methods.base import TrainingDiverged
@@ -74,6 +75,7 @@ from kfac_hpc.train.methods.fosi import FOSIState
 from kfac_hpc.train.preemption import PreemptionHandler
 from kfac_hpc.train.records import WindowRecorder, eval_record, launch_facts
 from kfac_hpc.train.summary import AttemptLog
+from kfac_hpc.train.threads import set_rank_threads
 from kfac_hpc.train.timing import PhaseTimer, phase_timer
 
 __all__ = ["Run"]
@@ -117,10 +119,12 @@ class Run:
 
     ``run_dir``: the run directory (``KFAC_HPC_RUN_DIR``, set by ``kfac-hpc sweep --script``,
     takes precedence). ``model``, ``dataset``, ``scaling`` label the run for the collector and
-    the report; ``config`` holds the user's settings (JSON values), written to config.json and
-    hashed: a run directory of another config is refused. ``seed`` is recorded with the data
-    position. A window record closes every ``log_every`` steps; a checkpoint every
-    ``checkpoint_every`` steps (None: on preemption only), ``keep_checkpoints`` kept.
+    the report; ``metric`` is what judges it, "accuracy" (higher is better) or "loss" (the
+    evaluation loss, lower is better); ``config`` holds the user's settings (JSON values),
+    written to config.json and hashed: a run directory of another config is refused.
+    ``seed`` is recorded with the data position. A window record closes every ``log_every``
+    steps; a checkpoint every ``checkpoint_every`` steps (None: on preemption only),
+    ``keep_checkpoints`` kept.
     """
 
     def __init__(
@@ -130,6 +134,7 @@ class Run:
         model: str = "custom",
         dataset: str = "custom",
         scaling: str = "strong",
+        metric: str = "accuracy",
         config: Mapping[str, Any] | None = None,
         seed: int = 0,
         log_every: int = 10,
@@ -142,6 +147,8 @@ class Run:
             bad_input(_WHO, "run_dir", f"give Run(run_dir) or set {RUN_DIR_ENV}")
         if scaling not in SCALINGS:
             bad_input(_WHO, "scaling", f"{scaling!r} is not one of {', '.join(SCALINGS)}")
+        if metric not in METRICS:
+            bad_input(_WHO, "metric", f"{metric!r} is not one of {', '.join(METRICS)}")
         for name, value in (("log_every", log_every), ("keep_checkpoints", keep_checkpoints)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 bad_input(_WHO, name, f"{value!r} must be an integer >= 1")
@@ -157,6 +164,7 @@ class Run:
             bad_input(_WHO, "config", f"must hold JSON values only ({exc})")
         self.run_dir = RunDir(chosen)
         self.labels = {"model": str(model), "dataset": str(dataset), "scaling": scaling}
+        self.metric = metric
         self.user_config = user_config
         self.seed, self.log_every = seed, log_every
         self.checkpoint_every, self.keep_checkpoints = checkpoint_every, keep_checkpoints
@@ -186,6 +194,7 @@ class Run:
         self.ctx: DistributedContext = init_distributed(self._backend)
         self.rank, self.world_size = self.ctx.rank, self.ctx.world_size
         self.device = self.ctx.device
+        self.threads = set_rank_threads(None, self.ctx.launch.local_world_size)
         self._comm = torch.device("cpu") if self.ctx.backend == "gloo" else self.ctx.device
         if self.run_dir.marker("done").exists():
             if self.rank == 0:
@@ -532,10 +541,16 @@ class Run:
             "kfac": tracked is not None and tracked.method == "kfac",
             "grad_worker_fraction": tracked.grad_worker_fraction if tracked else 1.0,
             "host_memory": str(HostMemory.DEFAULT),
+            **self.threads,
+            "model_args": {},
+            "dataset_args": {},
+            "metric": self.metric,
+            "higher_is_better": METRICS[self.metric],
             **self._batch_sizes(),
             "steps": self.step,
             "epochs": self.step // self.steps_per_epoch,
             "target_accuracy": None,
+            "target_loss": None,
             **launch_facts(self.ctx, self.run_dir, step_times),
         }
         return facts
