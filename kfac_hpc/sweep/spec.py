@@ -216,11 +216,20 @@ def _read_file(path: Path) -> dict[str, Any]:
     for key, value in data.items():
         if key == "train" and isinstance(value, dict):
             for sub, subval in value.items():
-                if sub not in train_keys:
+                if sub in AXES:  # an axis fixed to one value (model = "resnet32")
+                    if isinstance(subval, list):
+                        raise SweepInputError(
+                            f"train.{sub}", "a list of values is an axis: put it in [axes]"
+                        )
+                    flat[sub] = [subval]
+                elif sub in train_keys:
+                    flat[sub] = subval
+                else:
                     raise SweepInputError(
-                        f"train.{sub}", f"unknown train setting; valid: {', '.join(train_keys)}"
+                        f"train.{sub}",
+                        f"unknown train setting; valid: {', '.join(train_keys)} "
+                        f"(or, fixed to one value, an axis: {', '.join(AXES)})",
                     )
-                flat[sub] = subval
         elif key == "axes" and isinstance(value, dict):
             for sub, subval in value.items():
                 if sub not in AXES:

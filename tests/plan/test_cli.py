@@ -39,7 +39,7 @@ def test_profile_table_plot_and_sweep_file(tmp_path: Path) -> None:
     assert all(r[1].startswith("kfac-") for r in best)
     assert plot.stat().st_size > 10_000
     spec = load_spec(sweep, {})
-    assert spec.nodes == (1, 2, 16, 1024) and spec.train.model == "resnet20"
+    assert spec.nodes == (1, 2, 16, 1024) and spec.axes["model"] == ("resnet20",)
     assert {p.params["kfac"] for p in expand_points(spec)} == {True, False}
 
 

@@ -4,6 +4,8 @@ input to the command: test_bad_input.py.)"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kfac_hpc.sweep.errors import SweepInputError
@@ -70,3 +72,15 @@ def test_slurm_time_forms_read_as_slurm_reads_them():
     assert load_spec(None, {"nodes": "1", "time": "2-00:00:30"}).time == "2-00:00:30"
     with pytest.raises(SweepInputError, match=r"^profile\.time: '00:00' must be above 0"):
         parse_profile("site", {"time": "00:00"})
+
+
+def test_an_axis_in_train_is_fixed_to_its_one_value_and_a_list_there_is_refused(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text('name = "a"\nnodes = [1]\n[train]\nmodel = "mlp"\ndataset = "digits"\n')
+    spec = load_spec(path, {})
+    assert spec.axes["model"] == ("mlp",) and spec.axes["dataset"] == ("digits",)
+    path.write_text('name = "a"\nnodes = [1]\n[train]\nmodel = ["mlp", "small_cnn"]\n')
+    with pytest.raises(SweepInputError, match=r"train\.model.*\[axes\]"):
+        load_spec(path, {})
