@@ -210,11 +210,11 @@ def lanczos_extremes(
             if beta > _DGKS * norm:  # Daniel-Gragg-Kaufman-Stewart: orthogonal to rounding
                 break
             norm = beta
-        converged = (
-            stop_tol is not None
-            and j + 1 >= k + l
-            and _converged(alphas[: j + 1], betas[:j], float(beta), k, l, stop_tol)
-        )
+        converged = False
+        if stop_tol is not None and j + 1 >= k + l:
+            mine = _converged(alphas[: j + 1], betas[:j], float(beta), k, l, stop_tol)
+            # one decision for every rank (allreduced numbers need not agree to the last bit)
+            converged = bool(shard.allreduce(torch.tensor([float(mine)], dtype=torch.float64)))
         if j == m - 1 or converged or beta.item() <= _BREAKDOWN * scale:
             steps = j + 1
             last_beta = float(beta) if beta.item() > _BREAKDOWN * scale else 0.0
