@@ -6,7 +6,6 @@ parameter groups, weight decay in one) with FOSI on its slice of fixed global ba
 configuration. It saves the parameters after every step, the eigenvalues, ``memory_usage()``
 and the staleness record to ``OUT_DIR/{TAG}_rank{r}.pt``; rank 0 also writes the parameters and
 the full FOSI state at the end to ``OUT_DIR/{TAG}/{config}.h5`` (kfac_hpc.checkpoint.hdf5_tree).
-``sgd_warm`` warm-starts Lanczos from the previous V and stops it early (``lanczos_tol``).
 With ``RESUME=dir`` every rank first loads those files (saved at any world size) and continues.
 
 Pipelined configurations give the last ranks to ESE (``curvature_ranks``; staleness bound 0,
@@ -70,23 +69,16 @@ CONFIGS: dict[str, tuple[str, dict[int, int], int]] = {
     "adam": ("adam", {1: 0, 2: 0, 3: 0, 4: 0}, 0),
     "sgd_pipelined": ("sgd", {1: 0, 2: 1, 3: 1, 4: 2}, 0),
     "sgd_pipelined_stale": ("sgd", {1: 0, 2: 1, 3: 1, 4: 2}, 2),
-    "sgd_warm": ("sgd", {1: 0, 2: 0, 3: 0, 4: 0}, 0),
-}
-# name -> further FOSI options: the second ESE warm-started from the first's V (kept: no ESE
-# check, which drops this model's first subspace), early-stopped
-EXTRA: dict[str, dict[str, Any]] = {
-    "sgd_warm": {"warm_start": True, "lanczos_tol": 1e-3, "ese_check": False}
 }
 
 
 def run(name: str, world: int, rank: int, resume: Path | None) -> dict[str, Any]:
     base_name, curvature, staleness = CONFIGS[name]
     model = build_model()
-    options = {"ese_check": not curvature[2],  # not applied with curvature ranks: P = 1 alike
-               **FOSI_OPTIONS, **EXTRA.get(name, {})}  # fmt: skip
     opt = FOSI(model.parameters(), build_base(model, base_name), model=model,
                curvature_ranks=curvature[world], max_staleness=staleness,
-               **options)  # fmt: skip
+               ese_check=not curvature[2],  # not applied with curvature ranks: P = 1 alike
+               **FOSI_OPTIONS)  # fmt: skip
     if resume is not None:
         with h5py.File(resume / f"{name}.h5", "r") as f:
             tree = read_tree(f)

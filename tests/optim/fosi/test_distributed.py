@@ -3,9 +3,8 @@
 Real processes (mpiexec, gloo) run tests/helpers/rank_scripts/fosi_sharded.py at P = 1, 2, 3,
 4: a float64
 MLP of 53 parameters (divisible by none of 2, 3, 4), two ESEs in six steps, SGD (momentum,
-weight decay in one group) and Adam bases, SGD with pipelined curvature ranks (staleness 0,
-and a bound of 2 steps; P = 2, 3, 4 give 1, 1, 2 of their ranks to ESE), and SGD with the ESE
-warm-started from the previous V and stopped early (``warm_start``, ``lanczos_tol``).
+weight decay in one group) and Adam bases, and SGD with pipelined curvature ranks (staleness 0,
+and a bound of 2 steps; P = 2, 3, 4 give 1, 1, 2 of their ranks to ESE).
 
 Tolerance (float64): parameters after every step agree with P = 1 to
 ``|Δ| <= 1e-10 · max|reference|`` (observed about 1e-15). Checkpoints: the full state written
