@@ -31,6 +31,14 @@ ranks (``mpiexec``), one job after the other, each running the same workload:
   Bytes each rank sends follow the ring algorithms (allreduce 2(P - 1)/P of its buffer,
   reduce-scatter and all-gather (P - 1)/P of the full vector).
 
+``--ese-variants`` measures instead, side by side in one run (interleaved rounds), the ESE's
+share of the step time at ``ese_every = 100`` with today's defaults and with the cheaper ESE
+(``CHEAP``: HVPs on the leading quarter of the curvature batch, Lanczos warm-started from the
+previous V and stopped once the pairs converged, ``lanczos_tol`` = ``residual_tol``): per round
+and variant a FOSI runs an ESE, two plain steps and a second ESE (the one timed: the warm start
+has a previous V), then five timed plain steps; at P = 1 and 2 (``--world-sizes``). Target:
+ESE share <= 15 % (``SHARE_TARGET``).
+
 Prints median (min, max) over the rounds, max over ranks, the ratios against P = 1, and writes
 benchmarks/results/bench_fosi.json, with the load average before and after. Target: peak memory
 at P = 4 <= 0.3x that of P = 1 (``--check``: exit 1 when missed).
@@ -72,6 +80,12 @@ COLLECTIVES = (("all_reduce", "all_reduce", 0), ("reduce_scatter", "reduce_scatt
 # apart as "small": their seconds are mostly latency and waiting for the slowest rank.
 SMALL_BYTES = 4096
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "small_all_reduce")
+# --ese-variants: FOSI's options per variant, and the target on the ESE's share of step time
+ESE_VARIANTS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "cheap": {"curvature_fraction": 0.25, "warm_start": True, "lanczos_tol": 0.01},
+}
+SHARE_TARGET = 0.15
 
 
 def ring_bytes(kind: str, payload: int, world: int) -> float:
@@ -159,6 +173,83 @@ def measure(rank: int, rounds_count: int) -> dict[str, Any]:
             "rounds": rounds, "hvp_s": hvp_s}  # fmt: skip
 
 
+def measure_ese_variants(rank: int, rounds_count: int) -> dict[str, list[dict[str, float]]]:
+    """Per ESE_VARIANTS entry and round (interleaved): the second ESE's seconds and Lanczos
+    steps, and the median seconds of five plain steps."""
+    import torch
+    from torch import nn
+
+    from kfac_hpc.optim.fosi import FOSI
+
+    model, data, backward = workload(rank)
+    cx, cy = data(64)
+
+    def closure(fraction: float = 1.0) -> torch.Tensor:
+        from kfac_hpc.optim.fosi.curvature_batch import leading_rows
+
+        x, y = leading_rows(fraction, cx, cy)
+        return nn.functional.cross_entropy(model(x), y)
+
+    def one(name: str, _round: int) -> dict[str, float]:
+        base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        opt = FOSI(model.parameters(), base, k=10, l=0, alpha=0.01, ese_every=3, warmup=0,
+                   model=model, **ESE_VARIANTS[name])  # fmt: skip
+        for _ in range(3):  # the first ESE and two plain steps
+            backward()
+            opt.step(closure)
+        backward()
+        opt.step(closure)  # the second ESE, timed by FOSI itself (last_ese_s)
+        ese_s, steps = opt.last_ese_s, opt.last_lanczos_steps
+        step_s = []
+        for _ in range(5):
+            backward()
+            started = time.perf_counter()
+            opt.step(closure)
+            step_s.append(time.perf_counter() - started)
+        return {"ese_s": ese_s, "lanczos_steps": steps, "step_s": statistics.median(step_s)}
+
+    return harness.interleave(
+        {name: functools.partial(one, name) for name in ESE_VARIANTS}, rounds_count
+    )
+
+
+def summarise_variants(job: dict[str, Any]) -> dict[str, Any]:
+    """Per variant: per round the slowest rank's ESE and step seconds, the ESE share at
+    ESE_EVERY, over rounds."""
+    ranks = [r["ese_variants"] for r in job["ranks"]]
+    out: dict[str, Any] = {"world_size": job["world_size"]}
+    for name in ESE_VARIANTS:
+        per_round = list(zip(*(r[name] for r in ranks), strict=True))
+        ese = [max(r["ese_s"] for r in rnd) for rnd in per_round]
+        step = [max(r["step_s"] for r in rnd) for rnd in per_round]
+        share = [e / (e + ESE_EVERY * s) for e, s in zip(ese, step, strict=True)]
+        out[name] = {
+            "ese_s": harness.stats(ese),
+            "step_s": harness.stats(step),
+            "ese_share_at_interval": harness.stats(share),
+            "lanczos_steps": [int(rnd[0]["lanczos_steps"]) for rnd in per_round],
+            "rounds": len(per_round),
+        }
+    return out
+
+
+def report_variants(jobs: list[dict[str, Any]]) -> None:
+    print(f"ESE share of step time at ese_every = {ESE_EVERY}, defaults vs cheap "
+          f"({ESE_VARIANTS['cheap']}); MLP 2.1 M parameters, k = 10, curvature batch 64 per "
+          "rank, gloo on CPU; median (min..max) over rounds, slowest rank")  # fmt: skip
+    print(f"{'P':>2} {'variant':<9} {'ESE s':>22} {'step s':>24} {'ESE share':>22} "
+          "Lanczos steps  ESE vs defaults")  # fmt: skip
+    for job in jobs:
+        base = job["defaults"]["ese_s"]["median"]
+        for name in ESE_VARIANTS:
+            v = job[name]
+            e, s, sh = v["ese_s"], v["step_s"], v["ese_share_at_interval"]
+            print(f"{job['world_size']:>2} {name:<9} {e['median']:>7.3f} ({e['min']:.3f}.."
+                  f"{e['max']:.3f}) {s['median']:>8.4f} ({s['min']:.4f}..{s['max']:.4f})"
+                  f" {sh['median'] * 100:>6.1f} % ({sh['min'] * 100:.1f}..{sh['max'] * 100:.1f})"
+                  f" {v['lanczos_steps']}  {e['median'] / base:.2f}x")  # fmt: skip
+
+
 def _record_collectives(log: list[tuple[str, int, float]]) -> Any:
     """Wrap the COLLECTIVES of torch.distributed: each call appends (kind, payload bytes of
     the tensors handed to it, wall seconds) to ``log``. Returns the function that unwraps
@@ -239,7 +330,7 @@ def measure_comm(rank: int, world: int, rounds_count: int) -> list[dict[str, Any
     return [{path: measured[path][i] for path in COMM_PATHS} for i in range(rounds_count)]
 
 
-def worker(out: Path, rounds_count: int) -> None:
+def worker(out: Path, rounds_count: int, variants: bool) -> None:
     import torch
     import torch.distributed as dist
 
@@ -247,8 +338,11 @@ def worker(out: Path, rounds_count: int) -> None:
 
     ctx = init_distributed(backend="gloo", timeout_s=600)
     torch.set_num_threads(1)
-    mine = measure(ctx.rank, rounds_count)
-    if ctx.world_size > 1:
+    if variants:
+        mine: dict[str, Any] = {"ese_variants": measure_ese_variants(ctx.rank, rounds_count)}
+    else:
+        mine = measure(ctx.rank, rounds_count)
+    if ctx.world_size > 1 and not variants:
         mine["comm"] = measure_comm(ctx.rank, ctx.world_size, rounds_count)
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
@@ -364,22 +458,46 @@ def report_comm(jobs: list[dict[str, Any]]) -> None:
 
 
 def main() -> int:
-    args = harness.parser(__doc__, rounds=ROUNDS).parse_args()
+    parser = harness.parser(__doc__, rounds=ROUNDS)
+    parser.add_argument(
+        "--ese-variants", action="store_true", help="ESE share: defaults vs the cheaper ESE"
+    )
+    parser.add_argument(
+        "--world-sizes", help="comma-separated rank counts (default 1,2,4; --ese-variants 1,2)"
+    )
+    args = parser.parse_args()
     if args.worker is not None:
-        worker(args.worker, args.rounds)
+        worker(args.worker, args.rounds, args.ese_variants)
         return 0
-    bench = harness.Benchmark("bench_fosi")
+    bench = harness.Benchmark("bench_fosi_ese" if args.ese_variants else "bench_fosi")
+    default_sizes = "1,2" if args.ese_variants else ",".join(map(str, WORLD_SIZES))
+    sizes = [int(w) for w in (args.world_sizes or default_sizes).split(",")]
     jobs = []
-    for world in WORLD_SIZES:
+    for world in sizes:
+        extra = ["--ese-variants"] if args.ese_variants else []
         job = harness.launch(
             __file__,
             "--rounds",
             str(args.rounds),
+            *extra,
             ranks=world,
             env={"OMP_NUM_THREADS": "1"},
             timeout=900,
         )
-        jobs.append(summarise(job))
+        jobs.append(summarise_variants(job) if args.ese_variants else summarise(job))
+    if args.ese_variants:
+        report_variants(jobs)
+        for job in jobs:
+            for name in ESE_VARIANTS:
+                bench.target(
+                    f"FOSI ESE share at ese_every {ESE_EVERY}, P = {job['world_size']}, {name}",
+                    job[name]["ese_share_at_interval"]["median"],
+                    SHARE_TARGET,
+                    "<=",
+                    "",
+                    f"slowest rank, median of {args.rounds} rounds",
+                )
+        return bench.finish({"jobs": jobs}, check=args.check)
     report(jobs)
     one, last = jobs[0], jobs[-1]
     ratio = last["peak_bytes_max_rank"]["median"] / one["peak_bytes_max_rank"]["median"]

@@ -475,6 +475,21 @@ FOSI_OPTIONS: tuple[Option, ...] = (
         optional=True,
     ),
     _f(
+        "fosi_curvature_fraction",
+        "float",
+        1.0,
+        "share of each rank's batch (its leading rows) whose loss the ESE's Hessian-vector "
+        "products differentiate",
+        check="fraction",
+    ),
+    _f(
+        "fosi_warm_start",
+        "bool",
+        False,
+        "start each ESE's Lanczos from the previous ESE's eigenvectors (their normalized sum "
+        "plus a small random part) instead of a random vector",
+    ),
+    _f(
         "fosi_residual_tol",
         "float",
         0.01,
@@ -732,6 +747,8 @@ LIBRARY_PARAMETERS: dict[str, dict[str, str]] = {
         "curvature_ranks": "curvature_ranks",
         "max_staleness": "max_staleness",
         "lanczos_tol": "lanczos_tol",
+        "curvature_fraction": "fosi_curvature_fraction",
+        "warm_start": "fosi_warm_start",
         "residual_tol": "fosi_residual_tol",
         "ese_check": "fosi_ese_check",
         "nonfinite_stop": "fosi_nonfinite_stop",

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from kfac_hpc.optim.fosi.curvature_batch import leading_rows
 from kfac_hpc.train.data import ShardedBatches
 from kfac_hpc.train.grad_sync import GradientAllreduce
 from kfac_hpc.train.methods import Method
@@ -72,7 +73,7 @@ class TrainStep:
         timer.lap("grad_allreduce")
         for group in optimizer.param_groups:
             group["lr"] = lr
-        self.method.step(timer, lambda: self._loss(x, y))
+        self.method.step(timer, lambda fraction=1.0: self._loss(*leading_rows(fraction, x, y)))
         self.precision.update()
         return loss, flags
 

@@ -34,6 +34,7 @@ __all__ = [
     "converged_pairs",
     "lanczos_extremes",
     "tridiagonal_eigh",
+    "warm_start_vector",
 ]
 
 # A Krylov space is exhausted (invariant) when the new residual is this small relative to the
@@ -42,6 +43,9 @@ _BREAKDOWN = 1e-10
 # A reorthogonalization pass that keeps more than this fraction of the norm left the vector
 # orthogonal to the basis to rounding; otherwise it is repeated once.
 _DGKS = 0.5**0.5
+# The norm of the seeded random component of a warm start vector (the previous Ritz vectors'
+# normalized sum has norm 1): enough that no eigendirection is missing from the start.
+WARM_NOISE = 0.1
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,16 @@ def _start_vector(shard: CoordinateShard, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     full = torch.randn(shard.n, generator=gen, dtype=torch.float64)
     return shard.local(full / full.norm()).clone()
+
+
+def warm_start_vector(shard: CoordinateShard, previous: torch.Tensor, seed: int) -> torch.Tensor:
+    """This rank's slice of the unit vector along the normalized sum of the rows of
+    ``previous`` (the last ESE's Ritz vectors, ``(K, n_r)``) plus :data:`WARM_NOISE` times the
+    seeded random start vector, so that no direction is deficient."""
+    total = previous.to(torch.float64).sum(dim=0)
+    total = total / _dot(shard, total, total).sqrt()
+    q = total + WARM_NOISE * _start_vector(shard, seed)
+    return q / _dot(shard, q, q).sqrt()
 
 
 def tridiagonal_eigh(
@@ -154,12 +168,14 @@ def lanczos_extremes(
     iterations: int,
     seed: int,
     stop_tol: float | None = None,
+    start: torch.Tensor | None = None,
 ) -> ExtremeSpectrum:
     """Lanczos on the symmetric operator ``hvp`` (local float64 ``(n_r,)`` slice in, the same
     slice of ``H v`` out; it may communicate) for ``iterations`` steps, or fewer with
     ``stop_tol``: stopped at the first step where all k + l wanted Ritz pairs have residuals
     ‖Hv − λv‖ ≤ ``stop_tol`` × max |λ| (checked on the tridiagonal matrix, the same on every
-    rank).
+    rank). ``start``: this rank's slice of a unit start vector (:func:`warm_start_vector`);
+    None: the random one of ``seed``.
 
     Needs ``k + l <= iterations <= n``. Raises :class:`NonFiniteCurvature` when a product is
     not finite.
@@ -168,7 +184,7 @@ def lanczos_extremes(
     basis = torch.zeros(m, shard.size, dtype=torch.float64)
     alphas = torch.zeros(m, dtype=torch.float64)
     betas = torch.zeros(m, dtype=torch.float64)
-    q = _start_vector(shard, seed)
+    q = _start_vector(shard, seed) if start is None else start.to(torch.float64).clone()
     steps = m
     last_beta = 0.0  # β_m: the norm of the residual left after the last step
     scale = 0.0  # the largest |H q| so far
@@ -194,11 +210,11 @@ def lanczos_extremes(
             if beta > _DGKS * norm:  # Daniel-Gragg-Kaufman-Stewart: orthogonal to rounding
                 break
             norm = beta
-        converged = (
-            stop_tol is not None
-            and j + 1 >= k + l
-            and _converged(alphas[: j + 1], betas[:j], float(beta), k, l, stop_tol)
-        )
+        converged = False
+        if stop_tol is not None and j + 1 >= k + l:
+            mine = _converged(alphas[: j + 1], betas[:j], float(beta), k, l, stop_tol)
+            # one decision for every rank (allreduced numbers need not agree to the last bit)
+            converged = bool(shard.allreduce(torch.tensor([float(mine)], dtype=torch.float64)))
         if j == m - 1 or converged or beta.item() <= _BREAKDOWN * scale:
             steps = j + 1
             last_beta = float(beta) if beta.item() > _BREAKDOWN * scale else 0.0

@@ -21,6 +21,7 @@ state) is sharded over parameter coordinates: see sharding.py, sharded_base.py, 
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -36,6 +37,7 @@ from kfac_hpc.optim.fosi.lanczos import (
     NonFiniteCurvature,
     converged_pairs,
     lanczos_extremes,
+    warm_start_vector,
 )
 from kfac_hpc.optim.fosi.options import FOSIOptions
 from kfac_hpc.optim.fosi.pipeline import CurvaturePipeline
@@ -45,6 +47,8 @@ from kfac_hpc.optim.fosi.sharding import CoordinateShard, flatten
 __all__ = ["FOSI"]
 
 Closure = Callable[[], torch.Tensor]
+# the closure FOSI.step takes: called with no argument, or with ``curvature_fraction`` below 1
+StepClosure = Callable[..., torch.Tensor]
 
 
 def _no_lap(phase: str) -> None:
@@ -146,6 +150,7 @@ class FOSI(torch.optim.Optimizer):
         self.hvp_mode_used: str | None = None
         self.lanczos_basis_bytes = 0
         self.last_ese_s = 0.0  # seconds of this rank's last ESE (0 on pipelined trainers)
+        self.last_lanczos_steps = 0  # Lanczos steps of this rank's last ESE
         self.reestimated_at: list[int] = []  # steps whose ESE replaced eigenpairs dropped
         self.reestimate_pending = False  # an ESE is due at the next step, whatever the schedule
         self.top = 0  # how many of the eigenpairs are of the largest (the rest: the smallest)
@@ -194,10 +199,12 @@ class FOSI(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(  # type: ignore[override]
-        self, closure: Closure | None = None, *, lap: Callable[[str], None] | None = None
+        self, closure: StepClosure | None = None, *, lap: Callable[[str], None] | None = None
     ) -> torch.Tensor | None:
         """One update from the parameters' ``.grad``; ``closure()`` (the curvature batch's
-        loss, with graph) is called only when an ESE is due. Returns the closure's last loss.
+        loss, with graph) is called only when an ESE is due, as ``closure(f)`` with
+        ``curvature_fraction`` f < 1 (the loss of that share of the batch). Returns the
+        closure's last loss.
 
         ``lap(phase)`` (a phase timer's lap) is called as each part of the step ends:
         ``grad_allreduce`` (the gradient reduce-scatter), ``ese`` (on a rank that ran one),
@@ -212,6 +219,9 @@ class FOSI(torch.optim.Optimizer):
                 "returning the curvature-batch loss with its graph)"
             )
         loss = None
+        fraction = self.options.curvature_fraction
+        if closure is not None and fraction < 1.0:
+            closure = functools.partial(closure, fraction)
         seed = self.options.seed + self.ese_count  # of this ESE's Lanczos start vector
         self.ese_count += int(due)  # on every rank, whichever runs the ESE
         if self.is_curvature_rank:
@@ -296,7 +306,8 @@ class FOSI(torch.optim.Optimizer):
             return 1.0
         lam_k = float(self.eigenvalues[k - 1])
         ratio = min(max(float(self.eigenvalues[0]) / lam_k, 1.0), self.options.clip)
-        newton = 1.0 / (self.sharded_base.effective_step() * lam_k)
+        step = self.sharded_base.effective_step()  # 0 at a learning rate of 0 (warm-up)
+        newton = math.inf if step <= 0 else 1.0 / (step * lam_k)
         return min(ratio, max(newton, 1.0))
 
     def _check_finite(self, g: torch.Tensor) -> None:
@@ -351,10 +362,13 @@ class FOSI(torch.optim.Optimizer):
             hv = hvp(shard.gather(q.to(dtype)))  # cast first: half the bytes gathered
             return shard.reduce_scatter_mean(hv).to(torch.float64) + wd * q
 
-        m = min(self.options.iterations, self.n)
+        o = self.options
+        m = min(o.iterations, self.n)
+        start = None  # warm: from the last ESE's V, where this rank holds one
+        if o.warm_start and self.vectors is not None and self.vectors.shape[0]:
+            start = warm_start_vector(shard, self.vectors, seed)
         try:
-            o = self.options
-            spectrum = lanczos_extremes(operator, shard, o.k, o.l, m, seed, o.lanczos_tol)
+            spectrum = lanczos_extremes(operator, shard, o.k, o.l, m, seed, o.lanczos_tol, start)
         except NonFiniteCurvature as exc:
             loss = float("nan") if hvp.loss is None else float(hvp.loss)
             diverged = not (
@@ -378,6 +392,7 @@ class FOSI(torch.optim.Optimizer):
         self.hvp_mode_used = hvp.mode_used
         self.lanczos_basis_bytes = spectrum.basis_bytes
         self.last_ese_s = time.perf_counter() - started
+        self.last_lanczos_steps = spectrum.iterations
         return converged_pairs(spectrum, self.options.residual_tol), hvp.loss
 
     def _install(

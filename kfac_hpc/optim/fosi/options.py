@@ -68,7 +68,11 @@ class FOSIOptions:
     gradients over ranks itself (False when DDP already did); ``curvature_ranks``: ranks given to
     ESE only (0: every rank does both); ``max_staleness``: steps a pipelined ESE may lag.
     ``lanczos_tol``: Lanczos stops once the k + l wanted pairs have residuals ≤ lanczos_tol ×
-    max|λ| (None: all steps). The safeguards: ``residual_tol``: a Ritz pair is kept only when
+    max|λ| (None: all steps). ``curvature_fraction``: below 1, the closure is called as
+    ``closure(curvature_fraction)`` and returns the loss of that share of its batch
+    (curvature_batch.py), which the ESE's products differentiate. ``warm_start``: Lanczos
+    starts from the previous ESE's V (lanczos.warm_start_vector) when this rank holds one.
+    The safeguards: ``residual_tol``: a Ritz pair is kept only when
     ‖Hv − λv‖ ≤ residual_tol × max|λ|; ``ese_check``: after an ESE, the base update alone
     until the next ESE when the new subspace step raises the curvature batch's loss;
     ``nonfinite_stop``: a non-finite gradient raises at once (``NonFiniteCurvature``).
@@ -90,6 +94,8 @@ class FOSIOptions:
     curvature_ranks: int = _DEFAULT["curvature_ranks"]
     max_staleness: int = _DEFAULT["max_staleness"]
     lanczos_tol: float | None = _DEFAULT["lanczos_tol"]
+    curvature_fraction: float = _DEFAULT["curvature_fraction"]
+    warm_start: bool = _DEFAULT["warm_start"]
     residual_tol: float = _DEFAULT["residual_tol"]
     ese_check: bool = _DEFAULT["ese_check"]
     nonfinite_stop: bool = _DEFAULT["nonfinite_stop"]
@@ -103,7 +109,8 @@ class FOSIOptions:
         _check(iters is None or iters >= self.k + self.l, "lanczos_iters", iters,
                f"None or an integer >= k + l = {self.k + self.l}")  # fmt: skip
         for name in ("clip", "hvp", "curvature_ranks", "max_staleness", "lanczos_tol",
-                     "residual_tol", "ese_check", "nonfinite_stop"):  # fmt: skip
+                     "curvature_fraction", "warm_start", "residual_tol", "ese_check",
+                     "nonfinite_stop"):  # fmt: skip
             _check_table(name, getattr(self, name))
         # any integer seeds the Lanczos start vectors (the job's seed >= 0 is the job's bound)
         _check(_is_int(self.seed), "seed", self.seed, "an integer")

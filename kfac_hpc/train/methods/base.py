@@ -25,8 +25,10 @@ from kfac_hpc.train.timing import PhaseTimer
 __all__ = ["CurvatureLoss", "Method", "MethodSetup", "TrainingDiverged"]
 
 # The loss of the current step's batch, recomputed with a fresh autograd graph (no backward
-# run): for methods that need curvature (Hessian-vector products) on some steps.
-CurvatureLoss = Callable[[], torch.Tensor]
+# run): for methods that need curvature (Hessian-vector products) on some steps. Called with a
+# fraction f in (0, 1], it is the loss of the batch's leading ⌈f·N⌉ rows (FOSI's
+# curvature_fraction, optim/fosi/curvature_batch.py).
+CurvatureLoss = Callable[..., torch.Tensor]
 
 
 class TrainingDiverged(ArithmeticError):
