@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def test_doctor_healthy(tmp_path: Path) -> None:
     for piece in ("torch", "gloo", "mpi", "launch", "h5py", "parsl"):
         assert f"[ok  ] {piece}" in result.stdout
     assert "MPICH" in result.stdout
-    assert "malloc  glibc: kfac-hpc train keeps freed memory" in result.stdout
+    assert re.search(r"malloc +glibc: kfac-hpc train keeps freed memory", result.stdout)
 
 
 def test_doctor_says_the_job_leaves_a_users_allocator_settings(tmp_path: Path) -> None:
@@ -46,7 +47,7 @@ def test_doctor_says_the_job_leaves_a_users_allocator_settings(tmp_path: Path) -
         [KFAC_HPC, "doctor"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "malloc  set by MALLOC_*" in result.stdout and "leaves it" in result.stdout
+    assert re.search(r"malloc +set by MALLOC_\*", result.stdout) and "leaves it" in result.stdout
 
 
 def test_doctor_names_a_missing_mpi_library(tmp_path: Path) -> None:
