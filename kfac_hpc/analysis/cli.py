@@ -8,6 +8,7 @@ FIELD: reason`` by the one exit path of every command (cli_errors.py).
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,7 @@ from kfac_hpc.analysis.tables import RUN_COLUMNS
 from kfac_hpc.cli_errors import guard
 from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.exit_codes import ExitCode
+from kfac_hpc.contracts.targets import Target
 
 _source = click.argument(
     "source", type=click.Path(path_type=Path, file_okay=False), metavar="SWEEP_DIR"
@@ -54,12 +56,44 @@ class _Fraction(click.FloatRange):
         return number
 
 
-_target = click.option(
-    "--target-accuracy",
-    type=_Fraction(0.0, 1.0),
-    default=None,
-    help="Accuracy for time-to-target, overriding each run's own target (compare at one bar).",
-)
+def _target(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--target-accuracy`` and ``--target-loss``: one bar for every run's time to target."""
+    loss = click.option(
+        "--target-loss",
+        type=_Positive(),
+        default=None,
+        help="Test loss for time-to-target (lower is better: a language model's validation "
+        "loss), overriding each run's own target.",
+    )
+    accuracy = click.option(
+        "--target-accuracy",
+        type=_Fraction(0.0, 1.0),
+        default=None,
+        help="Accuracy for time-to-target, overriding each run's own target (compare at one bar).",
+    )
+    return accuracy(loss(command))
+
+
+class _Positive(click.FloatRange):
+    """A finite number above 0 (NaN and infinity refused)."""
+
+    def __init__(self) -> None:
+        super().__init__(min=0.0, min_open=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number above 0", param, ctx)
+        return number
+
+
+def _target_or_exit(accuracy: float | None, loss: float | None) -> Target | None:
+    """The override asked for, if any; both given is bad input naming ``--target-loss``."""
+    if accuracy is not None and loss is not None:
+        raise InputError("--target-loss", "give one target: --target-accuracy or --target-loss")
+    if accuracy is not None:
+        return Target("accuracy", accuracy)
+    return None if loss is None else Target("loss", loss)
 
 
 def _collect_or_exit(source: Path, name: str = "SWEEP_DIR") -> Collection:
@@ -109,7 +143,11 @@ def _summary_line(states: list[str]) -> str:
 @_target
 @guard("collect")
 def collect_command(
-    source: Path, out: Path | None, fmt: str, target_accuracy: float | None
+    source: Path,
+    out: Path | None,
+    fmt: str,
+    target_accuracy: float | None,
+    target_loss: float | None,
 ) -> None:
     """Gather every run of SWEEP_DIR (or any folder of run directories) into tidy tables.
 
@@ -117,9 +155,10 @@ def collect_command(
     pyarrow is installed) and prints the runs. Exit code 0: every point is done; 1: some
     failed or are incomplete; 2: bad input.
     """
+    target = _target_or_exit(target_accuracy, target_loss)
     out_dir = out or source / "analysis"
     with ParquetWriter() as parquet:  # imports pyarrow in a child while the runs are collected
-        collected = _or_exit(lambda: collect_tables(source, target_accuracy), "SWEEP_DIR")
+        collected = _or_exit(lambda: collect_tables(source, target), "SWEEP_DIR")
         tables = collected.tables
         _write_or_exit(out_dir, lambda: write_tables(tables, out_dir, parquet))
     click.echo(render(tables.runs, RUN_COLUMNS, fmt, RUN_TABLE_VIEW))
@@ -169,6 +208,7 @@ def report_command(
     regression_threshold: float,
     fmt: str,
     target_accuracy: float | None,
+    target_loss: float | None,
 ) -> None:
     """Write report.md, a self-contained report.html and PNG plots for SWEEP_DIR.
 
@@ -194,13 +234,14 @@ def report_command(
         missing = exc.name or "matplotlib"
         raise InputError(missing, f"{exc}; install it: pip install 'kfac-hpc[report]'") from None
 
+    target = _target_or_exit(target_accuracy, target_loss)
     # The baseline first: a bad one is bad input before anything (a cache) is written.
     base = None if baseline is None else _collect_or_exit(baseline, "--baseline")
     collection = _collect_or_exit(source)
-    tables = build_tables(collection, target_accuracy)
+    tables = build_tables(collection, target)
     comparison = None
     if base is not None:
-        base_tables = build_tables(base, target_accuracy)
+        base_tables = build_tables(base, target)
         comparison = compare(tables.scaling, base_tables.scaling, regression_threshold)
     predicted = _predicted_or_exit(collection)
     out_dir = out or source / "report"

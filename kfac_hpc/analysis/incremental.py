@@ -4,7 +4,7 @@ The per-run cache (:mod:`kfac_hpc.analysis.cache`) already spares re-reading unc
 directories; this module also keeps each run's table rows and their CSV / JSON Lines text in it,
 so that an unchanged run costs a signature check and one small parse: no decoding of its
 windows, no row building, no formatting. A run's rows depend on more than the run: on the
-manifest parameters that vary across the sweep (its group label), the target accuracy asked
+manifest parameters that vary across the sweep (its group label), the target asked
 for, and the path the run is reached by. Those are the rows' context; rows cached in another
 context are built again.
 """
@@ -30,6 +30,7 @@ from kfac_hpc.analysis.tables import (
     segment_rows,
     varying_of,
 )
+from kfac_hpc.contracts.targets import Target
 
 JSON = dict[str, Any]
 # The tables built run by run, with their columns (scaling is built from the runs table).
@@ -45,7 +46,7 @@ class Collected:
     states: list[str]
 
 
-def _rows_of(run: RunData, varying: frozenset[str], target: float | None, context: str) -> JSON:
+def _rows_of(run: RunData, varying: frozenset[str], target: Target | None, context: str) -> JSON:
     """The run's rows of each per-run table and their CSV and JSON Lines text."""
     row = run_row(run, varying, target)
     tables = {"runs": [row], "phases": phase_rows(run, row), "segments": segment_rows(run)}
@@ -66,7 +67,7 @@ class _Task:
     item: Item
     sig: str
     varying: frozenset[str]
-    target: float | None
+    target: Target | None
     context: str
 
 
@@ -83,7 +84,7 @@ def _build_rows(task: _Task) -> JSON:
     return rows
 
 
-def collect_tables(source: Path, target_accuracy: float | None = None) -> Collected:
+def collect_tables(source: Path, target: Target | None = None) -> Collected:
     """Every table of ``source``, as :func:`~kfac_hpc.analysis.output.build_tables` builds
     them from :func:`~kfac_hpc.analysis.collect.collect`, reusing each unchanged run's rows.
 
@@ -99,11 +100,13 @@ def collect_tables(source: Path, target_accuracy: float | None = None) -> Collec
     shown = sorted(varying)
     for index, (path, point) in enumerate(items):
         sig = signature(path, point)
-        context = json.dumps([str(path), shown, target_accuracy])
+        context = json.dumps(
+            [str(path), shown, None if target is None else [target.metric, target.value]]
+        )
         rows = store.rows(path, sig, context)
         per_run.append(rows)
         if rows is None:
-            task = _Task(source, (path, point), sig, varying, target_accuracy, context)
+            task = _Task(source, (path, point), sig, varying, target, context)
             tasks.append((index, task))
     for (index, _), rows in zip(tasks, in_pool(_build_rows, [t for _, t in tasks]), strict=True):
         per_run[index] = rows

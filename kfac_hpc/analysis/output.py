@@ -26,6 +26,7 @@ from kfac_hpc.analysis.tables import (
     varying_params,
 )
 from kfac_hpc.contracts.atomic import write_bytes_atomic, write_text_atomic
+from kfac_hpc.contracts.targets import Target
 
 Row = dict[str, Any]
 FORMATS = ("table", "csv", "json")
@@ -69,12 +70,12 @@ class Tables:
         }
 
 
-def build_tables(collection: Collection, target_accuracy: float | None = None) -> Tables:
-    """All tables of ``collection``; ``target_accuracy`` overrides the runs' own targets."""
+def build_tables(collection: Collection, target: Target | None = None) -> Tables:
+    """All tables of ``collection``; ``target`` overrides the runs' own targets."""
     runs, phases, segments = [], [], []
     varying = varying_params(collection.runs)
     for run in collection.runs:
-        row = run_row(run, varying, target_accuracy)
+        row = run_row(run, varying, target)
         runs.append(row)
         phases.extend(phase_rows(run, row))
         segments.extend(segment_rows(run))

@@ -204,17 +204,28 @@ def phase_bars(scaling: list[Row], path: Path) -> Path | None:
 
 
 def curves_plot(runs: list[RunData], rows: list[Row], path: Path) -> Path | None:
-    """Training loss and test accuracy vs running time, one line per run: a colour per
-    configuration, a line style per node count (the legend, under both plots, lists each
-    once). Drawn to span the report's width, its text at the size of the page's."""
+    """Training loss and the evaluation's metric vs running time, one line per run: a colour
+    per configuration, a line style per node count (the legend, under both plots, lists each
+    once). The metric is test accuracy, or the test loss when every run is judged by its loss
+    (a language model). Drawn to span the report's width, its text at the size of the page's."""
     if not any(run.stats.windows or run.evals for run in runs):
         return None
     with plt.rc_context({"font.size": 12}):
         return _curves(runs, rows, path)
 
 
+def _judged_by_loss(run: RunData, row: Row) -> bool:
+    """Whether ``run`` is judged by its test loss: run.json's metric, else its target's."""
+    metric = run.summary.get("metric")
+    return metric == "loss" if metric is not None else row.get("target_loss") is not None
+
+
 def _curves(runs: list[RunData], rows: list[Row], path: Path) -> Path:
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(13, 5.2))
+    by_loss = all(_judged_by_loss(run, row) for run, row in zip(runs, rows, strict=True))
+    metric_name, target_key = (
+        ("test loss", "target_loss") if by_loss else ("test accuracy (fraction)", "target_accuracy")
+    )
     cycle = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]
     styles = ["-", "--", ":", "-."]
     labels = people_labels(sorted({str(r["group"]) for r in rows}))
@@ -228,16 +239,17 @@ def _curves(runs: list[RunData], rows: list[Row], path: Path) -> Path:
         losses = [(t, v) for t, v in zip(stats.wall_s, stats.loss, strict=True) if v == v]
         if losses:
             loss_ax.plot(*zip(*losses, strict=True), style, color=color, lw=2)
-        accs = [(e.wall_s, e.accuracy) for e in run.evals if e.accuracy is not None]
-        if accs:
-            acc_ax.plot(*zip(*accs, strict=True), style, color=color, lw=2, marker="o", ms=4)
-    for ax, name in ((loss_ax, "training loss"), (acc_ax, "test accuracy (fraction)")):
+        values = [(e.wall_s, e.loss if by_loss else e.accuracy) for e in run.evals]
+        points = [(t, v) for t, v in values if v is not None]
+        if points:
+            acc_ax.plot(*zip(*points, strict=True), style, color=color, lw=2, marker="o", ms=4)
+    for ax, name in ((loss_ax, "training loss"), (acc_ax, metric_name)):
         ax.set_xlabel("running time (s)")
         ax.set_ylabel(name)
         ax.set_title(f"{name[:1].upper()}{name[1:].split(' (')[0]} vs running time")
         ax.grid(True, alpha=0.3)
         ax.set_xlim(left=0)
-    targets = {r["target_accuracy"] for r in rows if r["target_accuracy"] is not None}
+    targets = {r[target_key] for r in rows if r[target_key] is not None}
     for target in targets:
         acc_ax.axhline(target, color="grey", linestyle=":", lw=1.5)
     handles = [Line2D([], [], color=colors[g], lw=2, label=labels[g]) for g in labels]
@@ -247,7 +259,9 @@ def _curves(runs: list[RunData], rows: list[Row], path: Path) -> Path:
             for n in node_counts
         ]
     if targets:
-        handles.append(Line2D([], [], color="grey", linestyle=":", label="target accuracy"))
+        handles.append(
+            Line2D([], [], color="grey", linestyle=":", label=f"target {metric_name.split()[1]}")
+        )
     fig.legend(  # under both plots, where it covers no curve
         handles=handles,
         loc="upper center",

@@ -16,6 +16,7 @@ from kfac_hpc.analysis.aggregate import float_list, number
 from kfac_hpc.analysis.rundir import RunData
 from kfac_hpc.analysis.stats import percentiles, ratio, relative_spread
 from kfac_hpc.contracts.options import FIRST_ORDER, METHOD_SWITCHES
+from kfac_hpc.contracts.targets import Target
 from kfac_hpc.contracts.workload_names import short_name
 
 Row = dict[str, Any]
@@ -275,11 +276,11 @@ def time_to_target(
     return None, None
 
 
-def run_target(run: RunData, target_accuracy: float | None = None) -> tuple[float | None, str]:
-    """The run's target and its metric (``accuracy`` or ``loss``): ``target_accuracy`` when
-    given, else the run's own ``--target-accuracy``, else its ``--target-loss``."""
-    if target_accuracy is not None:
-        return target_accuracy, "accuracy"
+def run_target(run: RunData, override: Target | None = None) -> tuple[float | None, str]:
+    """The run's target and its metric (``accuracy`` or ``loss``): ``override`` when given,
+    else the run's own ``--target-accuracy``, else its ``--target-loss``."""
+    if override is not None:
+        return override.value, override.metric
     accuracy = number(run.value("target_accuracy"))
     if accuracy is not None:
         return accuracy, "accuracy"
@@ -317,10 +318,10 @@ def _accuracy(run: RunData) -> tuple[float | None, float | None, float | None]:
 
 
 def run_row(
-    run: RunData, varying: frozenset[str] = frozenset(), target_accuracy: float | None = None
+    run: RunData, varying: frozenset[str] = frozenset(), target: Target | None = None
 ) -> Row:
-    """The runs-table row of ``run``; ``varying`` as for :func:`group_label`;
-    ``target_accuracy`` overrides each run's own target."""
+    """The runs-table row of ``run``; ``varying`` as for :func:`group_label`; ``target``
+    overrides each run's own target."""
     world = number(run.value("world_size"))
     if world is None and number(run.value("nodes")) and number(run.value("ranks_per_node")):
         world = float(run.value("nodes") * run.value("ranks_per_node"))
@@ -332,8 +333,8 @@ def run_row(
     compute = number(run.summary.get("compute_s"))
     if compute is None and run.stats.windows:
         compute = run.stats.step_weighted_s
-    target, metric = run_target(run, target_accuracy)
-    tts, tts_step = time_to_target(run, target, lower_is_better=metric == "loss")
+    target_value, metric = run_target(run, target)
+    tts, tts_step = time_to_target(run, target_value, lower_is_better=metric == "loss")
     phases = phase_means(run)
     phase_total = sum(phases.values())
     comm = sum(phases.get(p, 0.0) for p in schema.COMM_PHASES)
@@ -377,8 +378,8 @@ def run_row(
         "final_loss": final_loss,
         "final_accuracy": final_acc,
         "best_accuracy": best_acc,
-        "target_accuracy": target if metric == "accuracy" else None,
-        "target_loss": target if metric == "loss" else None,
+        "target_accuracy": target_value if metric == "accuracy" else None,
+        "target_loss": target_value if metric == "loss" else None,
         "time_to_target_s": tts,
         "step_to_target": tts_step,
         "comm_fraction": ratio(comm, phase_total) if phases else None,

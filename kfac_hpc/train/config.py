@@ -34,6 +34,7 @@ from kfac_hpc.contracts.options import (
     method_of,
     resolve_switches,
 )
+from kfac_hpc.contracts.targets import Target
 from kfac_hpc.contracts.textfile import read_user_text
 from kfac_hpc.contracts.workload_names import (
     BUILTIN_DATASETS,
@@ -52,7 +53,6 @@ __all__ = [
     "OPERATIONAL_FIELDS",
     "BatchSizes",
     "ConfigError",
-    "Target",
     "TrainConfig",
     "check_run_dir",
     "field_help",
@@ -269,20 +269,6 @@ class TrainConfig:
         data = {k: v for k, v in self.to_dict().items() if k not in OPERATIONAL_FIELDS}
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class Target:
-    """A quality to reach: ``metric`` (``accuracy``, higher is better; ``loss``, lower is
-    better) and its ``value``."""
-
-    metric: str
-    value: float
-
-    def reached(self, accuracy: float, loss: float) -> bool:
-        if self.metric == "accuracy":
-            return accuracy >= self.value
-        return loss <= self.value
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from kfac_hpc.contracts.targets import HIGHER_IS_BETTER
 from kfac_hpc.train.imagefolder import ImageFolder
 from kfac_hpc.train.loader import StepLoader
 
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from kfac_hpc.train.workloads import FactoryContext
 
 __all__ = [
-    "METRICS",
     "DataSource",
     "ShardedBatches",
     "cifar10",
@@ -54,11 +54,6 @@ _CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 _CIFAR_STD = (0.2470, 0.2435, 0.2616)
 
 
-# The quality metrics a workload may name, and whether higher is better (time-to-target
-# compares the evaluation's value against --target-accuracy or --target-loss that way).
-METRICS: dict[str, bool] = {"accuracy": True, "loss": False}
-
-
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over every position: logits (N, C) or (N, ..., C) against class
     indices (N,) or (N, ...): a classifier's loss and a language model's alike."""
@@ -69,7 +64,8 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 class DataSource:
     """Train and test samples addressed by index; ``shape`` is one sample's, e.g. (C, H, W) of
     images or (C, L) of sequences. ``loss(outputs, targets)`` is the mean training loss;
-    ``metric`` the quality the workload is judged by (a key of :data:`METRICS`)."""
+    ``metric`` the quality the workload is judged by (a key of
+    :data:`~kfac_hpc.contracts.targets.HIGHER_IS_BETTER`)."""
 
     name: str
     shape: tuple[int, ...]
@@ -83,8 +79,8 @@ class DataSource:
     dataset: Dataset | None = None  # the train Dataset behind ``train``, for worker processes
 
     def __post_init__(self) -> None:
-        if self.metric not in METRICS:
-            raise ValueError(f"metric {self.metric!r} is not one of {', '.join(METRICS)}")
+        if self.metric not in HIGHER_IS_BETTER:
+            raise ValueError(f"metric {self.metric!r} is not one of {', '.join(HIGHER_IS_BETTER)}")
 
 
 def tensor_source(

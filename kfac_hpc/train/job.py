@@ -42,10 +42,11 @@ from kfac_hpc.checkpoint import (
     restore_training_state,
 )
 from kfac_hpc.contracts import OPTIONS, PHASES, HostMemory, RunDir
+from kfac_hpc.contracts.targets import HIGHER_IS_BETTER
 from kfac_hpc.runtime import DistributedContext
 from kfac_hpc.train.attempt import average_buffers, broadcast_parameters, parameters_finite
 from kfac_hpc.train.config import ConfigError, TrainConfig
-from kfac_hpc.train.data import METRICS, DataSource, ShardedBatches
+from kfac_hpc.train.data import DataSource, ShardedBatches
 from kfac_hpc.train.faults import fault_plan
 from kfac_hpc.train.methods import MethodSetup, build_method, method_name
 from kfac_hpc.train.methods.base import TrainingDiverged
@@ -431,7 +432,7 @@ class Job:
             **self.threads,
             "data_workers": self.data_workers,
             "metric": metric,
-            "higher_is_better": METRICS[metric],
+            "higher_is_better": HIGHER_IS_BETTER[metric],
             "host_memory": str(self.host_memory),
             "skipped_checkpoints": self._skipped_records(),
         }

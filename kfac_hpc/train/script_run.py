@@ -56,6 +56,7 @@ from kfac_hpc.contracts.grad_workers import parse_grad_worker_fraction
 from kfac_hpc.contracts.method_state import Checkpointable
 from kfac_hpc.contracts.options import FIRST_ORDER, SCALINGS
 from kfac_hpc.contracts.phases import FOSI_PHASES
+from kfac_hpc.contracts.targets import HIGHER_IS_BETTER
 from kfac_hpc.optim import KFACPreconditioner
 from kfac_hpc.optim.fosi import FOSI
 from kfac_hpc.runtime import DistributedContext, init_distributed, shutdown
@@ -67,7 +68,6 @@ from kfac_hpc.train.attempt import (
     parameters_finite,
     record_failure,
 )
-from kfac_hpc.train.data import METRICS
 from kfac_hpc.train.faults import fault_plan
 from kfac_hpc.train.grad_sync import GradientAllreduce
 from kfac_hpc.train.methods.base import TrainingDiverged
@@ -147,8 +147,8 @@ class Run:
             bad_input(_WHO, "run_dir", f"give Run(run_dir) or set {RUN_DIR_ENV}")
         if scaling not in SCALINGS:
             bad_input(_WHO, "scaling", f"{scaling!r} is not one of {', '.join(SCALINGS)}")
-        if metric not in METRICS:
-            bad_input(_WHO, "metric", f"{metric!r} is not one of {', '.join(METRICS)}")
+        if metric not in HIGHER_IS_BETTER:
+            bad_input(_WHO, "metric", f"{metric!r} is not one of {', '.join(HIGHER_IS_BETTER)}")
         for name, value in (("log_every", log_every), ("keep_checkpoints", keep_checkpoints)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 bad_input(_WHO, name, f"{value!r} must be an integer >= 1")
@@ -545,7 +545,7 @@ class Run:
             "model_args": {},
             "dataset_args": {},
             "metric": self.metric,
-            "higher_is_better": METRICS[self.metric],
+            "higher_is_better": HIGHER_IS_BETTER[self.metric],
             **self._batch_sizes(),
             "steps": self.step,
             "epochs": self.step // self.steps_per_epoch,

@@ -20,6 +20,10 @@ def _cases() -> list[tuple[list[str], str]]:
     for command in ("collect", "report"):
         for value in ["5", "-1", "nan", "x", "inf", "-inf", "1.5", "", "1e400"]:
             cases.append(([command, "sweep", "--target-accuracy", value], "--target-accuracy"))
+        for value in ["0", "-1", "nan", "x", "inf", "", "1e400"]:
+            cases.append(([command, "sweep", "--target-loss", value], "--target-loss"))
+        both = ["--target-accuracy", "0.9", "--target-loss", "1.5"]
+        cases.append(([command, "sweep", *both], "--target-loss"))
         for value in ["bogus", "TABLE", "", "csv2"]:
             cases.append(([command, "sweep", "--format", value], "--format"))
         for source in ["nope", "afile", "empty", "junk"]:

@@ -13,6 +13,7 @@ from kfac_hpc.analysis.collect import collect
 from kfac_hpc.analysis.incremental import collect_tables
 from kfac_hpc.analysis.output import build_tables, write_tables
 from kfac_hpc.analysis.parquet import ParquetWriter
+from kfac_hpc.contracts.targets import Target
 from tests.helpers.synthetic_runs import SyntheticRun, write_sweep
 
 collect_module = importlib.import_module("kfac_hpc.analysis.collect")
@@ -63,7 +64,7 @@ def _counting(monkeypatch):
     return reads, built
 
 
-@pytest.mark.parametrize("target", [None, 0.7])
+@pytest.mark.parametrize("target", [None, Target("accuracy", 0.7), Target("loss", 0.4)])
 def test_cached_rows_give_the_tables_and_files_of_a_fresh_read(tmp_path, target):
     _sweep(tmp_path / "s")
     fresh = build_tables(collect(tmp_path / "s", cache=False), target)
@@ -95,9 +96,15 @@ def test_only_changed_runs_are_read_and_a_new_context_only_rebuilds_rows(tmp_pat
     collect_tables(tmp_path)
     assert sorted(reads) == sorted(built) == ["r03", "r04"]
     reads.clear(), built.clear()
-    again = collect_tables(tmp_path, target_accuracy=0.6)  # another bar: rows, not reads
+    again = collect_tables(tmp_path, Target("accuracy", 0.6))  # another bar: rows, not reads
     assert reads == [] and len(built) == 12
     assert {row["target_accuracy"] for row in again.tables.runs} == {0.6}
+    reads.clear(), built.clear()
+    by_loss = collect_tables(tmp_path, Target("loss", 0.6))  # the same value, another metric
+    assert reads == [] and len(built) == 12
+    assert {(row["target_loss"], row["target_accuracy"]) for row in by_loss.tables.runs} == {
+        (0.6, None)
+    }
 
 
 def test_parquet_child_reports_a_write_it_cannot_do(tmp_path):

@@ -13,6 +13,7 @@ import pytest
 from kfac_hpc.analysis import stats
 from kfac_hpc.analysis.collect import collect
 from kfac_hpc.analysis.output import build_tables
+from kfac_hpc.contracts.targets import Target
 from tests.helpers.synthetic_runs import SyntheticRun, write_sweep
 
 EXACT = 1e-12
@@ -124,12 +125,32 @@ def test_time_to_target_and_kfac_ratio_are_exact(tmp_path):
 
 def test_target_override_recomputes_time_to_target(tmp_path):
     tables = _sweep(tmp_path)
-    higher = build_tables(collect(tmp_path), target_accuracy=0.95)
+    higher = build_tables(collect(tmp_path), Target("accuracy", 0.95))
     by_id = {r["run_id"]: r for r in higher.runs}
     assert by_id["sgd-n1-r0"]["time_to_target_s"] is None  # SGD never reaches 0.95
     assert by_id["kfac-n1-r0"]["time_to_target_s"] == pytest.approx(80 * 1.5 * 0.100, rel=EXACT)
     assert _cell(higher, "sgd", 1)["target_reached"] == "0/2"
     assert _cell(tables, "sgd", 1)["target_reached"] == "2/2"
+
+
+def test_loss_target_override_takes_the_first_eval_at_or_below_it(tmp_path):
+    """The synthetic evals' test loss is 1 - accuracy: at most 0.12 from step 80 for SGD
+    (0.09) and from step 40 for K-FAC (0.10); at most 0.06 only for K-FAC, from step 80."""
+    _sweep(tmp_path)
+    tables = build_tables(collect(tmp_path), Target("loss", 0.12))
+    by_id = {r["run_id"]: r for r in tables.runs}
+    for nodes, (step_s, _) in STEP_S.items():
+        sgd, kfac = by_id[f"sgd-n{nodes}-r0"], by_id[f"kfac-n{nodes}-r0"]
+        assert (sgd["target_loss"], sgd["target_accuracy"]) == (0.12, None)
+        assert sgd["step_to_target"] == 80 and kfac["step_to_target"] == 40
+        assert sgd["time_to_target_s"] == pytest.approx(80 * step_s, rel=EXACT)
+        assert kfac["time_to_target_s"] == pytest.approx(40 * 1.5 * step_s, rel=EXACT)
+    lower = build_tables(collect(tmp_path), Target("loss", 0.06))
+    by_id = {r["run_id"]: r for r in lower.runs}
+    assert by_id["sgd-n1-r0"]["time_to_target_s"] is None
+    assert by_id["kfac-n1-r0"]["step_to_target"] == 80
+    assert _cell(lower, "sgd", 1)["target_reached"] == "0/2"
+    assert _cell(lower, "sgd+kfac", 1)["target_reached"] == "2/2"
 
 
 def test_phase_shares_comm_fraction_and_straggler_spread_are_exact(tmp_path):
