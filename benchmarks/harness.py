@@ -91,6 +91,16 @@ def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[f
     return [a / b for a, b in zip(numerators, denominators, strict=True)]
 
 
+def tts_score(runs: Sequence[Mapping[str, Any]]) -> tuple[float, float, float]:
+    """A tuning grid point's median and mean steps and median time to target over its seeds
+    (each run a mapping with ``steps`` and ``tts_s``; one that missed the target, ``tts_s``
+    None, counts as infinitely many of each): lower is better. Steps are the same on a busy
+    machine; time only breaks the ties steps leave."""
+    steps = [math.inf if r.get("tts_s") is None else float(r["steps"]) for r in runs]
+    times = [math.inf if r.get("tts_s") is None else float(r["tts_s"]) for r in runs]
+    return statistics.median(steps), statistics.fmean(steps), statistics.median(times)
+
+
 # --- interleaved rounds -----------------------------------------------------------------------
 
 
