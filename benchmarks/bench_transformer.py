@@ -6,7 +6,8 @@
 
 Task: ``--model gpt`` (2 pre-LayerNorm blocks, d_model 32, 4 heads, context 32: 43 k
 parameters) on ``generated_text`` (4,096 training windows), global batch 32 (strong scaling),
-constant learning rate, no weight decay, 150 steps, the validation loss every 10 steps. Every
+constant learning rate, no weight decay, at most 150 steps (a run stops at the target), the
+validation loss every 10 steps. Every
 run is the real job (``kfac-hpc train``; ``mpiexec -n P`` and gloo for P > 1, one thread per
 rank). Time to target = the run's wall time at the first validation loss at or below
 ``TARGET_LOSS`` (evaluations included); steps to target = that evaluation's step.
@@ -49,6 +50,11 @@ TASK = ["--model", "gpt", "--dataset", "generated_text", "--num-samples", "4096"
 TASK += ["--gpt-layers", "2", "--gpt-d-model", "32", "--gpt-heads", "4", "--context-length", "32"]
 TASK += ["--batch-size", "32", "--steps", "150", "--lr-schedule", "constant"]
 TASK += ["--weight-decay", "0", "--eval-every-steps", "10", "--log-every", "10"]
+TASK += [
+    "--stop-at-target",
+    "--target-loss",
+    str(TARGET_LOSS),
+]  # the steps after it: nothing to learn
 TASK += ["--no-progress", "--backend", "gloo"]
 # FOSI on Adam, as FOSI's paper runs its language models: k = 8 top eigenpairs from 16
 # Lanczos steps, the first ESE at step 10 and one every 25 steps after.
@@ -114,7 +120,7 @@ def _show(r: dict[str, Any], prefix: str) -> None:
     tts = "not reached" if r["tts_s"] is None else f"{r['tts_s']:.1f} s"
     print(f"{prefix} P={r['ranks']} {r['method']:12} {r['setting']} seed {r['seed']}: "
           f"step {1000 * r['step_s']:.1f} ms, to {TARGET_LOSS}: {tts} (step {r['steps']}), "
-          f"final loss {r['final_loss']:.3f}", flush=True)  # fmt: skip
+          f"last validation loss {r['final_loss']:.3f}", flush=True)  # fmt: skip
 
 
 def tune(methods: list[str], work: Path) -> dict[str, dict[str, float]]:
