@@ -36,7 +36,9 @@ def test_the_wheel_without_extras_runs_a_local_sweep_to_its_report(
     wheel = project_wheel
     base = getattr(sys, "_base_executable", sys.executable)
     _run([base, "-m", "venv", str(tmp_path / "venv")], tmp_path, env)
-    pip = [str(tmp_path / "venv" / "bin" / "python"), "-m", "pip", "install", "-q"]
+    # --no-compile: the modules a run imports are compiled when first imported, not the
+    # thousands of torch's and parsl's that it never does
+    pip = [str(tmp_path / "venv" / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile"]
     _run([*pip, TORCH], tmp_path, env)
     _run([*pip, str(wheel)], tmp_path, env)
 

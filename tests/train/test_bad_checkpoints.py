@@ -148,6 +148,7 @@ def test_latest_that_is_a_directory_falls_back(tmp_path, adam_ckpt):
 def test_directory_in_place_of_the_next_checkpoint_skips_it(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints" / "ckpt-00000002.h5").mkdir(parents=True)
-    result = train_here(run, *MLP, "--steps", "4", "--checkpoint-every", "2")
+    with pytest.warns(UserWarning, match="ckpt-00000002.h5 exists and is not a file"):
+        result = train_here(run, *MLP, "--steps", "4", "--checkpoint-every", "2")
     assert result.exit_code == 0, explain_here(result)
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["ckpt-00000004.h5"]
