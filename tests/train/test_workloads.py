@@ -47,12 +47,15 @@ def importable(packages: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
     installed entry points too); forgotten again afterwards."""
     from kfac_hpc.contracts.workload_names import installed
 
+    def forget() -> None:
+        installed.cache_clear()
+        for name in ("wlpkg", "wlplug", "wlbroken"):
+            sys.modules.pop(name, None)
+
+    forget()  # another test's copy of the packages, imported earlier in this process
     monkeypatch.syspath_prepend(str(packages))
-    installed.cache_clear()
     yield packages
-    installed.cache_clear()
-    for name in ("wlpkg", "wlplug", "wlbroken"):
-        sys.modules.pop(name, None)
+    forget()
 
 
 def _train_here(run_dir: Path, *args: str) -> Result:
