@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,25 @@ def hdf5_tools() -> None:
         if _must_not_skip():
             pytest.fail(f"{', '.join(missing)} missing: install hdf5-tools (make sysdeps)")
         pytest.skip(f"{', '.join(missing)} not installed")
+
+
+@pytest.fixture(scope="session")
+def project_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkout built into a wheel once (``pip wheel --no-deps --no-build-isolation``),
+    for the tests of what the wheel holds and of installing it."""
+    out = tmp_path_factory.mktemp("wheel")
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+    result = subprocess.run(
+        [*build, "-w", str(out), str(REPO)],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=out,
+    )
+    assert result.returncode == 0, result.stderr
+    (wheel,) = out.glob("kfac_hpc-*.whl")
+    return wheel
 
 
 @pytest.fixture(scope="session")

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
-from tests.conftest import REPO, clean_env
+from tests.conftest import REPO
 
 SUBPACKAGES = (
     "contracts",
@@ -23,28 +21,8 @@ SUBPACKAGES = (
 )
 
 
-def test_wheel_holds_every_subpackage_and_the_templates(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path),
-            str(REPO),
-        ],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr
-    (wheel,) = tmp_path.glob("kfac_hpc-*.whl")
+def test_wheel_holds_every_subpackage_and_the_templates(project_wheel: Path) -> None:
+    wheel = project_wheel
     names = set(zipfile.ZipFile(wheel).namelist())
     for sub in SUBPACKAGES:
         assert f"kfac_hpc/{sub}/__init__.py" in names, f"kfac_hpc.{sub} missing from the wheel"

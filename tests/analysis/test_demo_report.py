@@ -253,10 +253,13 @@ def test_local_points_are_compared_with_what_the_local_backend_asked_for(tmp_pat
 @pytest.mark.mpi
 def test_the_demo_end_to_end(tmp_path):
     """``make demo`` (tools/demo.sh) as a user runs it: its own runs, its report read as
-    above. Which method wins is the machine's to say, not this test's."""
+    above. Which method wins is the machine's to say, not this test's. The target is the
+    script's own knob set to 75 %: the same sweep and report in about 60 % of the steps (at 1
+    rank K-FAC 40 against 80 for 90 %, SGD 80 against 120)."""
     sweep_dir = tmp_path / "demo-sweep"
     env = {**clean_env(), "KFAC_HPC_DEMO_DIR": str(sweep_dir)}
     env["KFAC_HPC_DEMO_DATA"] = str(tmp_path / "mnist1d")
+    env["KFAC_HPC_DEMO_TARGET"] = "0.75"
     env["PATH"] = f"{REPO / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     result = subprocess.run(
         ["bash", str(REPO / "tools" / "demo.sh")],

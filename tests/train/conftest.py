@@ -1,18 +1,26 @@
-"""Helpers of the job's tests: start `kfac-hpc train` as real processes, read its run dir."""
+"""Helpers of the job's tests: start `kfac-hpc train` as real processes or in this one, read its
+run dir."""
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
 
 from tests.conftest import VENV_BIN, clean_env, run_mpi
 
 KFAC_HPC = str(VENV_BIN / "kfac-hpc")
 # Small and quick: digits, the small CNN, K-FAC on; 22 steps per epoch at a global batch of 64.
 QUICK = ["--dataset", "digits", "--model", "small_cnn", "--batch-size", "64", "--log-every", "5"]
+# QUICK's settings with the MLP on Adam (K-FAC on): the runs whose checkpoints tests damage.
+MLP_ADAM = ("--model", "mlp", "--no-progress", "--optimizer", "adam")
 
 
 def train_cmd(run_dir: Path, *args: str) -> list[str]:
@@ -27,6 +35,49 @@ def run_plain(run_dir: Path, *args: str, env: dict[str, str] | None = None, time
         text=True,
         timeout=timeout,
     )
+
+
+def train_here(
+    run_dir: Path,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    settings: Sequence[str] = QUICK,
+) -> Result:
+    """`kfac-hpc train` with ``settings`` (QUICK's) in this process (click's runner, stderr
+    apart): for what the job decides (bad input, the checkpoint a resume takes), without the
+    seconds a new process spends importing torch. One thread, as :func:`clean_env` gives a
+    process; torch's count is put back afterwards. The test session's objects are kept out of
+    the garbage collector meanwhile (the job's two full collections at its end would scan
+    them all)."""
+    import torch
+
+    from kfac_hpc.cli import main
+
+    threads = torch.get_num_threads()
+    argv = ["train", "--run-dir", str(run_dir), *settings, *args]
+    gc.freeze()
+    try:
+        return CliRunner().invoke(main, argv, env={"OMP_NUM_THREADS": "1", **(env or {})})
+    finally:
+        gc.unfreeze()
+        torch.set_num_threads(threads)
+
+
+def explain_here(result: Result) -> str:
+    """:func:`explain` for a :func:`train_here` result."""
+    out, err = result.stdout[-3000:], result.stderr[-3000:]
+    return f"exit {result.exit_code}\nstdout:\n{out}\nstderr:\n{err}"
+
+
+@pytest.fixture(scope="session")
+def mlp_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 8-step run of the MLP (K-FAC on Adam) with checkpoints at steps 3, 6 and 8,
+    shared by the files that damage a copy of it."""
+    run = tmp_path_factory.mktemp("mlp-checkpoints") / "run"
+    args = ("--steps", "8", "--checkpoint-every", "3", "--keep-checkpoints", "3")
+    result = train_here(run, *MLP_ADAM, *args)
+    assert result.exit_code == 0, explain_here(result)
+    return run
 
 
 def run_ranks(n: int, run_dir: Path, *args: str, env: dict[str, str] | None = None):

@@ -13,26 +13,22 @@ import pytest
 
 from kfac_hpc.checkpoint.files import list_checkpoints
 
-from .conftest import explain, run_plain
+from .conftest import MLP_ADAM, explain_here, train_here
 
 MLP = ["--model", "mlp", "--no-progress"]
 
 
-@pytest.fixture(scope="module")
-def adam_ckpt(tmp_path_factory) -> Path:
-    """A finished 8-step Adam run with checkpoints at steps 3, 6 and 8."""
-    run = tmp_path_factory.mktemp("adam") / "run"
-    args = ("--steps", "8", "--checkpoint-every", "3", "--keep-checkpoints", "3")
-    proc = run_plain(run, *MLP, "--optimizer", "adam", *args)
-    assert proc.returncode == 0, explain(proc)
-    return run
+@pytest.fixture
+def adam_ckpt(mlp_checkpoints: Path) -> Path:
+    """A finished 8-step Adam run with checkpoints at steps 3, 6 and 8 (shared: read only)."""
+    return mlp_checkpoints
 
 
-def _one_line_exit_2(proc, flag: str, name: str) -> None:
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2, explain(proc)
-    assert len(lines) == 1 and flag in lines[0] and name in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
+def _one_line_exit_2(result, flag: str, name: str) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2, explain_here(result)
+    assert len(lines) == 1 and flag in lines[0] and name in lines[0], result.stderr
+    assert "Traceback" not in result.output
 
 
 def _unusable_files(tmp_path: Path, adam_run: Path) -> dict[str, Path]:
@@ -61,8 +57,8 @@ def _unusable_files(tmp_path: Path, adam_run: Path) -> dict[str, Path]:
 def test_unusable_resume_from_is_bad_input(tmp_path, adam_ckpt, kind):
     path = _unusable_files(tmp_path, adam_ckpt)[kind]
     run = tmp_path / "run"
-    proc = run_plain(run, *MLP, "--steps", "6", "--resume-from", str(path))
-    _one_line_exit_2(proc, "--resume-from", path.name)
+    result = train_here(run, *MLP, "--steps", "6", "--resume-from", str(path))
+    _one_line_exit_2(result, "--resume-from", path.name)
     assert not run.exists()
 
 
@@ -70,16 +66,16 @@ def test_unusable_resume_from_is_bad_input(tmp_path, adam_ckpt, kind):
 def test_unusable_init_factors_is_bad_input(tmp_path, adam_ckpt, kind):
     path = _unusable_files(tmp_path, adam_ckpt)[kind]
     run = tmp_path / "run"
-    proc = run_plain(run, *MLP, "--steps", "6", "--init-factors", str(path))
-    _one_line_exit_2(proc, "--init-factors", path.name)
+    result = train_here(run, *MLP, "--steps", "6", "--init-factors", str(path))
+    _one_line_exit_2(result, "--init-factors", path.name)
     assert not run.exists()
 
 
 def test_checkpoint_of_another_model_is_bad_input(tmp_path, adam_ckpt):
     good = list_checkpoints(adam_ckpt / "checkpoints")[0]
     run = tmp_path / "run"
-    proc = run_plain(run, "--model", "small_cnn", "--steps", "6", "--resume-from", str(good))
-    _one_line_exit_2(proc, "--resume-from", good.name)
+    result = train_here(run, "--model", "small_cnn", "--steps", "6", "--resume-from", str(good))
+    _one_line_exit_2(result, "--resume-from", good.name)
     assert not run.exists()
 
 
@@ -102,17 +98,8 @@ def test_corrupt_newest_with_keep_1_keeps_the_good_one_and_resumes_from_it(tmp_p
     (run / "done").unlink()
     newest = list_checkpoints(run / "checkpoints")[0]  # steps 8, 6, 3
     _corrupt(newest)
-    proc = run_plain(
-        run,
-        *MLP,
-        "--optimizer",
-        "adam",
-        "--steps",
-        "8",
-        "--keep-checkpoints",
-        "1",
-    )
-    assert proc.returncode == 0, explain(proc)
+    result = train_here(run, *MLP_ADAM, "--steps", "8", "--keep-checkpoints", "1")
+    assert result.exit_code == 0, explain_here(result)
     assert _start_step(run) == 6
     assert (run / "done").exists()
 
@@ -136,8 +123,8 @@ def test_missing_dataset_fails_verify_and_the_restart_falls_back(tmp_path, adam_
     _drop_dataset(newest)
     result = CliRunner().invoke(checkpoint, ["verify", str(newest)])
     assert result.exit_code == 1 and "lacks A or G" in result.output, result.output
-    proc = run_plain(run, *MLP, "--optimizer", "adam", "--steps", "8")
-    assert proc.returncode == 0, explain(proc)
+    result = train_here(run, *MLP_ADAM, "--steps", "8")
+    assert result.exit_code == 0, explain_here(result)
     assert _start_step(run) == 6
 
 
@@ -153,14 +140,15 @@ def test_latest_that_is_a_directory_falls_back(tmp_path, adam_ckpt):
     (run / "checkpoints" / "latest").mkdir()
     result = CliRunner().invoke(checkpoint, ["inspect", str(run)])  # the file a resume takes
     assert result.exit_code == 0 and "step:        8" in result.output, result.output
-    proc = run_plain(run, *MLP, "--optimizer", "adam", "--steps", "8")
-    assert proc.returncode == 0, explain(proc)
+    result = train_here(run, *MLP_ADAM, "--steps", "8")
+    assert result.exit_code == 0, explain_here(result)
     assert _start_step(run) == 8
 
 
 def test_directory_in_place_of_the_next_checkpoint_skips_it(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints" / "ckpt-00000002.h5").mkdir(parents=True)
-    proc = run_plain(run, *MLP, "--steps", "4", "--checkpoint-every", "2")
-    assert proc.returncode == 0, explain(proc)
+    with pytest.warns(UserWarning, match="ckpt-00000002.h5 exists and is not a file"):
+        result = train_here(run, *MLP, "--steps", "4", "--checkpoint-every", "2")
+    assert result.exit_code == 0, explain_here(result)
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["ckpt-00000004.h5"]

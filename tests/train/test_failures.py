@@ -12,7 +12,7 @@ from kfac_hpc.checkpoint import load_checkpoint
 from kfac_hpc.contracts import validate_run_dir
 from kfac_hpc.train.faults import ENV
 
-from .conftest import explain, metrics, read_json, run_plain, run_ranks
+from .conftest import explain, explain_here, metrics, read_json, run_plain, run_ranks, train_here
 
 
 def _check_error(run_dir, rank, step):
@@ -44,11 +44,13 @@ def test_one_mpiexec_rank_raising_ends_every_rank(tmp_path):
 
 
 def test_retry_after_an_error_clears_the_marker(tmp_path):
+    """In process (the job's own bookkeeping; the process's exit is the test above's)."""
     run_dir = tmp_path / "run"
-    failed = run_plain(run_dir, "--steps", "6", env={ENV: "rank=0,step=3"})
-    assert failed.returncode == 1
-    retry = run_plain(run_dir, "--steps", "6")
-    assert retry.returncode == 0, explain(retry)
+    failed = train_here(run_dir, "--steps", "6", env={ENV: "rank=0,step=3"})
+    assert failed.exit_code == 1, explain_here(failed)
+    assert (run_dir / "error").exists()
+    retry = train_here(run_dir, "--steps", "6")
+    assert retry.exit_code == 0, explain_here(retry)
     assert (run_dir / "done").exists() and not (run_dir / "error").exists()
     assert validate_run_dir(run_dir) == []
     assert [a["end"] for a in read_json(run_dir / "run.json")["attempts"]] == ["error", "done"]

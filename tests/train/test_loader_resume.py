@@ -77,20 +77,36 @@ def _launcher(world: int, run_dir: Path) -> tuple[str, ...]:
     return (str(Path(job.train_cmd(run_dir)[0]).parent / "mpiexec"), "-n", str(world))
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(package: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Per world size, the batches of an uninterrupted run read by a worker process, checked
+    against the in-process reader's (run once per world, shared by both signals)."""
+    orders: dict[int, list[list[list[int]]]] = {}
+
+    def order(world: int) -> list[list[list[int]]]:
+        if world not in orders:
+            root = tmp_path_factory.mktemp(f"uninterrupted-{world}")
+            whole = root / "whole"
+            _run(world, whole, *_args(package, root / "log-whole", 1))
+            expected = _order(root / "log-whole", world)
+            assert all(len(r) == 1 and len(r[0]) == STEPS for r in expected), expected
+            in_process = root / "in-process"
+            _run(world, in_process, *_args(package, root / "log-in-process", 0))
+            assert _order(root / "log-in-process", world) == expected
+            summary = job.read_json(whole / "run.json")
+            assert summary["data_workers"] == 1 and summary["world_size"] == world
+            orders[world] = expected
+        return orders[world]
+
+    return order
+
+
 @pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.mpi)])
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGUSR2"])
 def test_a_resumed_epoch_trains_on_the_samples_of_an_uninterrupted_one(
-    package, tmp_path, world, how
+    package, uninterrupted, tmp_path, world, how
 ):
-    whole = tmp_path / "whole"
-    _run(world, whole, *_args(package, tmp_path / "log-whole", 1))
-    expected = _order(tmp_path / "log-whole", world)
-    assert all(len(r) == 1 and len(r[0]) == STEPS for r in expected), expected
-    in_process = tmp_path / "in-process"
-    _run(world, in_process, *_args(package, tmp_path / "log-in-process", 0))
-    assert _order(tmp_path / "log-in-process", world) == expected
-    assert job.read_json(whole / "run.json")["data_workers"] == 1
-
+    expected = uninterrupted(world)
     run_dir = tmp_path / "cut"
     args = _args(package, tmp_path / "log-cut", 1)
     proc = job.start_until_checkpoint(run_dir, *args, launcher=_launcher(world, run_dir))
@@ -104,6 +120,7 @@ def test_a_resumed_epoch_trains_on_the_samples_of_an_uninterrupted_one(
     _run(world, run_dir, *args)
     summary = job.read_json(run_dir / "run.json")
     assert len(summary["attempts"]) == 2 and summary["steps"] == STEPS
+    assert summary["world_size"] == world
     start = summary["attempts"][1]["start_step"]
     assert 0 < start < STEPS
     for rank, attempts in enumerate(_order(tmp_path / "log-cut", world)):

@@ -1,4 +1,5 @@
-"""Stop conditions and warm starts of one plain run: time limit, target, --resume-from."""
+"""Stop conditions and warm starts of one plain run: time limit, target, --resume-from (in
+process: what the job decides, not the process around it)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,13 @@ import json
 
 from kfac_hpc.contracts import validate_run_dir
 
-from .conftest import explain, read_json, run_plain
+from .conftest import explain_here, read_json, train_here
 
 
 def test_time_limit_ends_the_run_done_early(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_plain(run_dir, "--epochs", "200", "--time-limit", "1s")
-    assert proc.returncode == 0, explain(proc)
+    result = train_here(run_dir, "--epochs", "200", "--time-limit", "1s")
+    assert result.exit_code == 0, explain_here(result)
     summary = read_json(run_dir / "run.json")
     assert summary["state"] == "done" and summary["end"] == "time_limit"
     assert 0 < summary["steps"] < 200 * 22
@@ -22,8 +23,8 @@ def test_time_limit_ends_the_run_done_early(tmp_path):
 
 def test_stop_at_target_stops_at_the_first_evaluation_reaching_it(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_plain(run_dir, "--epochs", "10", "--target-accuracy", "0.5", "--stop-at-target")
-    assert proc.returncode == 0, explain(proc)
+    result = train_here(run_dir, "--epochs", "10", "--target-accuracy", "0.5", "--stop-at-target")
+    assert result.exit_code == 0, explain_here(result)
     summary = read_json(run_dir / "run.json")
     assert summary["end"] == "target" and summary["steps"] == summary["step_to_target"]
     assert summary["best_accuracy"] >= 0.5
@@ -33,10 +34,10 @@ def test_eval_every_steps_adds_evaluations_between_epoch_ends(tmp_path):
     """Digits, batch 64: 22 steps per epoch. Every 10 steps and every epoch end, each once;
     the time to target is the wall time of the first of them at or above the target."""
     run_dir = tmp_path / "run"
-    proc = run_plain(
+    result = train_here(
         run_dir, "--epochs", "2", "--eval-every-steps", "10", "--target-accuracy", "0.05"
     )
-    assert proc.returncode == 0, explain(proc)
+    assert result.exit_code == 0, explain_here(result)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r["kind"] == "eval"]
     assert [e["step"] for e in evals] == [10, 20, 22, 30, 40, 44]
@@ -47,17 +48,17 @@ def test_eval_every_steps_adds_evaluations_between_epoch_ends(tmp_path):
 
 def test_warm_starts_from_another_runs_checkpoint(tmp_path):
     first = tmp_path / "first"
-    proc = run_plain(first, "--epochs", "1", "--checkpoint-every", "11")
-    assert proc.returncode == 0, explain(proc)
+    result = train_here(first, "--epochs", "1", "--checkpoint-every", "11")
+    assert result.exit_code == 0, explain_here(result)
     second = tmp_path / "second"
     checkpoint = first / "checkpoints" / "ckpt-00000022.h5"
-    proc = run_plain(second, "--epochs", "2", "--resume-from", str(checkpoint))
-    assert proc.returncode == 0, explain(proc)
+    result = train_here(second, "--epochs", "2", "--resume-from", str(checkpoint))
+    assert result.exit_code == 0, explain_here(result)
     attempts = read_json(second / "run.json")["attempts"]
     assert attempts[0]["start_step"] == 22 and attempts[0]["end_step"] == 44
     # --init-factors takes only the K-FAC factors: the run itself starts at step 0
     third = tmp_path / "third"
-    proc = run_plain(third, "--steps", "4", "--init-factors", str(checkpoint))
-    assert proc.returncode == 0, explain(proc)
+    result = train_here(third, "--steps", "4", "--init-factors", str(checkpoint))
+    assert result.exit_code == 0, explain_here(result)
     assert read_json(third / "run.json")["attempts"][0]["start_step"] == 0
     assert read_json(third / "config.json")["init_factors"] == str(checkpoint)

@@ -16,18 +16,15 @@ from click.testing import CliRunner
 from kfac_hpc.checkpoint.files import checkpoint_name
 from kfac_hpc.checkpoint.inspect import checkpoint
 
-from .conftest import explain, read_json, run_plain
+from .conftest import MLP_ADAM, explain, explain_here, read_json, run_plain, train_here
 
-MLP = ["--model", "mlp", "--no-progress", "--steps", "8", "--keep-checkpoints", "3"]
+MLP = [*MLP_ADAM, "--steps", "8", "--keep-checkpoints", "3"]
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A finished 8-step run with checkpoints at steps 3, 6 and 8."""
-    run = tmp_path_factory.mktemp("finished") / "run"
-    proc = run_plain(run, *MLP, "--checkpoint-every", "3")
-    assert proc.returncode == 0, explain(proc)
-    return run
+@pytest.fixture
+def finished(mlp_checkpoints: Path) -> Path:
+    """A finished 8-step run with checkpoints at steps 3, 6 and 8 (shared: read only)."""
+    return mlp_checkpoints
 
 
 @pytest.fixture
@@ -83,8 +80,8 @@ def test_a_rewritten_step_is_skipped_not_resumed_from(resumable):
         h5.attrs["step"] = np.int64(35)
     result = CliRunner().invoke(checkpoint, ["verify", str(newest)])
     assert result.exit_code == 1 and "integrity checksum mismatch" in result.output
-    proc = run_plain(resumable, *MLP, "--checkpoint-every", "3")
-    assert proc.returncode == 0, explain(proc)
+    resumed = train_here(resumable, *MLP, "--checkpoint-every", "3")
+    assert resumed.exit_code == 0, explain_here(resumed)
     assert _start_step(resumable) == 6  # not 35
     (entry,) = read_json(resumable / "run.json")["skipped_checkpoints"]
     assert entry["file"] == newest.name and "integrity" in entry["reason"]
@@ -98,7 +95,7 @@ def test_a_deleted_model_dataset_fails_verify_and_is_skipped(resumable):
     result = CliRunner().invoke(checkpoint, ["verify", str(resumable)])
     assert result.exit_code == 1, result.output
     assert f"corrupt: {newest}" in result.output and "a resume takes this file" in result.output
-    proc = run_plain(resumable, *MLP, "--checkpoint-every", "3")
-    assert proc.returncode == 0, explain(proc)
+    resumed = train_here(resumable, *MLP, "--checkpoint-every", "3")
+    assert resumed.exit_code == 0, explain_here(resumed)
     assert _start_step(resumable) == 6
-    assert f"kfac-hpc train: skipped checkpoint {newest}" in proc.stderr
+    assert f"kfac-hpc train: skipped checkpoint {newest}" in resumed.stderr

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 
 from tests.helpers.workloads import workload_env, write_workloads
 
-from .conftest import KFAC_HPC, explain
+from .conftest import KFAC_HPC, explain, explain_here, train_here
 
 SMALL = ["--batch-size", "32", "--log-every", "4", "--no-progress", "--eval-every-steps", "4"]
 
@@ -38,11 +41,35 @@ def _train(packages: Path, run_dir: Path, *args: str, cwd: Path | None = None):
     return _kfac_hpc(packages, "train", "--run-dir", str(run_dir), *SMALL, *args, cwd=cwd)
 
 
+@pytest.fixture
+def importable(packages: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The packages importable in this process, as PYTHONPATH makes them for a new one (the
+    installed entry points too); forgotten again afterwards."""
+    from kfac_hpc.contracts.workload_names import installed
+
+    def forget() -> None:
+        installed.cache_clear()
+        for name in ("wlpkg", "wlplug", "wlbroken"):
+            sys.modules.pop(name, None)
+
+    forget()  # another test's copy of the packages, imported earlier in this process
+    monkeypatch.syspath_prepend(str(packages))
+    yield packages
+    forget()
+
+
+def _train_here(run_dir: Path, *args: str) -> Result:
+    """`kfac-hpc train` in this process: for what the job decides, not the process around it."""
+    return train_here(run_dir, *args, settings=SMALL)
+
+
 def _run_json(run_dir: Path) -> dict:
     return json.loads((run_dir / "run.json").read_text())
 
 
-def test_a_module_workload_trains_and_records_its_names_and_arguments(packages, tmp_path):
+def test_a_module_workload_trains_and_records_its_names_and_arguments(
+    packages, importable, tmp_path
+):
     run_dir = tmp_path / "run"
     args = ["--model", "wlpkg:tiny_mlp", "--model-arg", "width=12", "--dataset", "wlpkg:blobs"]
     proc = _train(packages, run_dir, *args, "--dataset-arg", "n=192", "--steps", "12")
@@ -56,8 +83,9 @@ def test_a_module_workload_trains_and_records_its_names_and_arguments(packages, 
     config = json.loads((run_dir / "config.json").read_text())
     assert config["model_arg"] == ["width=12"] and config["dataset_arg"] == ["n=192"]
     # Another argument is another experiment: the same run dir refuses it by its hash.
-    other = _train(packages, run_dir, *args[:3], "width=8", *args[4:], "--steps", "12")
-    assert other.returncode == 2 and "holds another experiment" in other.stderr, explain(other)
+    other = _train_here(run_dir, *args[:3], "width=8", *args[4:], "--steps", "12")
+    assert other.exit_code == 2, explain_here(other)
+    assert "holds another experiment" in other.stderr, explain_here(other)
 
 
 def test_a_file_workload_with_a_lower_is_better_metric_reaches_its_target_loss(packages, tmp_path):
@@ -92,9 +120,11 @@ def test_a_file_workload_with_a_lower_is_better_metric_reaches_its_target_loss(p
     assert summary["target_loss"] == 0.9 and summary["step_to_target"] == first
 
 
-def test_an_installed_workload_is_listed_by_name_and_trains(packages, tmp_path):
-    helped = _kfac_hpc(packages, "train", "--help")
-    assert helped.returncode == 0
+def test_an_installed_workload_is_listed_by_name_and_trains(packages, importable, tmp_path):
+    from kfac_hpc.cli import main
+
+    helped = CliRunner().invoke(main, ["train", "--help"])
+    assert helped.exit_code == 0, helped.output
     flat = " ".join(helped.stdout.split())
     assert "installed: plugmlp" in flat and "installed: plugblobs" in flat
     run_dir = tmp_path / "run"
@@ -103,17 +133,15 @@ def test_an_installed_workload_is_listed_by_name_and_trains(packages, tmp_path):
     assert _run_json(run_dir)["model"] == "plugmlp"
 
 
-def test_a_checkpoint_is_refused_to_another_workload_by_name(packages, tmp_path):
+def test_a_checkpoint_is_refused_to_another_workload_by_name(importable, tmp_path):
     first = tmp_path / "first"
     base = ["--model", "wlpkg:tiny_mlp", "--dataset", "wlpkg:blobs", "--steps", "8"]
-    proc = _train(packages, first, *base, "--model-arg", "width=16", "--checkpoint-every", "4")
-    assert proc.returncode == 0, explain(proc)
+    made = _train_here(first, *base, "--model-arg", "width=16", "--checkpoint-every", "4")
+    assert made.exit_code == 0, explain_here(made)
     checkpoint = sorted((first / "checkpoints").glob("*.h5"))[-1]
     second = tmp_path / "second"
-    refused = _train(
-        packages, second, *base, "--model-arg", "width=8", "--resume-from", str(checkpoint)
-    )
-    assert refused.returncode == 2, explain(refused)
+    refused = _train_here(second, *base, "--model-arg", "width=8", "--resume-from", str(checkpoint))
+    assert refused.exit_code == 2, explain_here(refused)
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and "--model-arg" in lines[0], refused.stderr
     assert "--model wlpkg:tiny_mlp --model-arg width=16" in lines[0]
@@ -136,13 +164,13 @@ def test_a_checkpoint_is_refused_to_another_workload_by_name(packages, tmp_path)
     ],
 )
 def test_a_broken_workload_is_one_line_exit_2_and_writes_nothing(
-    packages, tmp_path, args, flag, words
+    importable, tmp_path, args, flag, words
 ):
     run_dir = tmp_path / "run"
-    proc = _train(packages, run_dir, *args, "--steps", "2")
-    assert proc.returncode == 2, explain(proc)
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"kfac-hpc train: error: {flag}:"), proc.stderr
+    result = _train_here(run_dir, *args, "--steps", "2")
+    assert result.exit_code == 2, explain_here(result)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"kfac-hpc train: error: {flag}:"), lines
     assert words in lines[0], lines[0]
     assert not run_dir.exists()
 
