@@ -81,7 +81,7 @@ TASKS: dict[str, list[str]] = {
 KFAC = ["--kfac", "--factor-update-steps", "10", "--inv-update-steps", "100"]
 FOSI = ["--fosi", "--fosi-k", "10", "--lanczos-iters", "40", "--fosi-warmup", "20"]
 FOSI += ["--ese-every", "100", "--fosi-alpha", "0.01"]
-LRS_SGD = (0.02, 0.05, 0.1, 0.2)
+LRS_SGD = (0.05, 0.1, 0.2, 0.4)
 LRS_ADAM = (0.001, 0.003, 0.01, 0.03)
 # method: (flags, grid or the method whose setting it takes, its base method, smallest P)
 METHODS: dict[str, tuple[list[str], tuple[Setting, ...] | str, str | None, int]] = {
