@@ -21,11 +21,13 @@ one thread per rank), a run stopped at the target or after 150 s (not reached).
 Methods: SGD (momentum 0.9), Adam, SGD+K-FAC (factors every 10 steps, inverses every 100),
 FOSI with an SGD base (momentum 0.9) and with an Adam base (k = 10, 40 Lanczos steps, the
 first ESE at step 20 and every 100 steps after, α = 0.01; at P > 1 it is DHO2, coordinates
-sharded over the ranks), and DHO2 with pipelined curvature (``--curvature-ranks 1``, P > 1,
-FOSI-SGD's setting). Every method's grid (``METHODS``) runs at P = 1 once at each seed 0, 1,
-2 (``--tune``); the setting with the fewest median steps to target (then mean steps, then
-median time) is kept for every P. The measured runs are at held-out seeds (``--seeds``, 3 and 4
-at least), every method at every P of ``--ranks`` per seed, the order rotating per seed.
+sharded over the ranks), DHO2 with pipelined curvature (``--curvature-ranks 1``, P > 1), and
+FOSI-SGD with the adaptive ESE interval (``--fosi-adaptive-ese``) and with the Lanczos basis in
+float32 (``--fosi-lanczos-dtype training``), the last three at FOSI-SGD's setting. Every
+method's grid (``METHODS``) runs at P = 1 once at each seed 0, 1, 2 (``--tune``); the setting
+with the fewest median steps to target (then mean steps, then median time) is kept for every
+P. The measured runs are at held-out seeds (``--seeds``, 3 and 4 at least), every method at
+every P of ``--ranks`` per seed, the order rotating per seed.
 
 ``--report``: per task, P and method, the time to target (median [min-max] over the held-out
 seeds), the median steps, step time and ESE share, and the ratio to the method's base at the
@@ -91,6 +93,9 @@ METHODS: dict[str, tuple[list[str], tuple[Setting, ...] | str, str | None, int]]
     "fosi-sgd": (FOSI, grid(lr=LRS_SGD, momentum=(0.9,)), "sgd", 1),
     "fosi-adam": ([*FOSI, "--optimizer", "adam"], grid(lr=LRS_ADAM), "adam", 1),
     "dho2-pipelined": ([*FOSI, "--curvature-ranks", "1"], "fosi-sgd", "sgd", 2),
+    # the adaptive ESE interval and the float32 Lanczos basis (issue 28, item 2)
+    "fosi-sgd-adaptive": ([*FOSI, "--fosi-adaptive-ese"], "fosi-sgd", "sgd", 1),
+    "fosi-sgd-f32": ([*FOSI, "--fosi-lanczos-dtype", "training"], "fosi-sgd", "sgd", 1),
 }
 
 
