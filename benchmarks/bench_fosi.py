@@ -34,9 +34,11 @@ ranks (``mpiexec``), one job after the other, each running the same workload:
 ``--ese-variants`` measures instead, side by side in one run (interleaved rounds), the ESE's
 share of the step time at ``ese_every = 100`` with today's defaults and with the cheaper ESE
 (``CHEAP``: HVPs on the leading quarter of the curvature batch, Lanczos warm-started from the
-previous V and stopped once the pairs converged, ``lanczos_tol`` = ``residual_tol``): per round
+previous V and stopped once the pairs converged, ``lanczos_tol`` = ``residual_tol``), with the
+Lanczos basis in float32 (``f32``: ``lanczos_dtype="training"``) and with both; the share is
+also given at 800 steps, the adaptive schedule's longest interval (8 x 100): per round
 and variant a FOSI runs an ESE, two plain steps and a second ESE (the one timed: the warm start
-has a previous V), then five timed plain steps; at P = 1 and 2 (``--world-sizes``). Target:
+has a previous V), then five timed plain steps; at P = 1, 2 and 4 (``--world-sizes``). Target:
 ESE share <= 15 % (``SHARE_TARGET``).
 
 Prints median (min, max) over the rounds, max over ranks, the ratios against P = 1, and writes
@@ -81,10 +83,16 @@ COLLECTIVES = (("all_reduce", "all_reduce", 0), ("reduce_scatter", "reduce_scatt
 SMALL_BYTES = 4096
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "small_all_reduce")
 # --ese-variants: FOSI's options per variant, and the target on the ESE's share of step time
+CHEAP: dict[str, Any] = {"curvature_fraction": 0.25, "warm_start": True, "lanczos_tol": 0.01}
 ESE_VARIANTS: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "cheap": {"curvature_fraction": 0.25, "warm_start": True, "lanczos_tol": 0.01},
+    "cheap": CHEAP,
+    "f32": {"lanczos_dtype": "training"},
+    "f32+cheap": {**CHEAP, "lanczos_dtype": "training"},
 }
+# the adaptive schedule's longest interval (kfac_hpc.optim.fosi.ese_interval.LONGEST x 100):
+# the share there is the least the adaptive schedule can reach on a still subspace
+ESE_EVERY_LONGEST = 800
 SHARE_TARGET = 0.15
 
 
@@ -206,7 +214,8 @@ def measure_ese_variants(rank: int, rounds_count: int) -> dict[str, list[dict[st
             started = time.perf_counter()
             opt.step(closure)
             step_s.append(time.perf_counter() - started)
-        return {"ese_s": ese_s, "lanczos_steps": steps, "step_s": statistics.median(step_s)}
+        return {"ese_s": ese_s, "lanczos_steps": steps, "step_s": statistics.median(step_s),
+                "first_rejected": float(bool(opt.rejected_at))}  # fmt: skip
 
     return harness.interleave(
         {name: functools.partial(one, name) for name in ESE_VARIANTS}, rounds_count
@@ -223,11 +232,15 @@ def summarise_variants(job: dict[str, Any]) -> dict[str, Any]:
         ese = [max(r["ese_s"] for r in rnd) for rnd in per_round]
         step = [max(r["step_s"] for r in rnd) for rnd in per_round]
         share = [e / (e + ESE_EVERY * s) for e, s in zip(ese, step, strict=True)]
+        longest = [e / (e + ESE_EVERY_LONGEST * s) for e, s in zip(ese, step, strict=True)]
         out[name] = {
             "ese_s": harness.stats(ese),
             "step_s": harness.stats(step),
             "ese_share_at_interval": harness.stats(share),
+            "ese_share_at_longest": harness.stats(longest),
             "lanczos_steps": [int(rnd[0]["lanczos_steps"]) for rnd in per_round],
+            # whether the ESE check dropped the first subspace (the second ESE then started cold)
+            "first_rejected": [bool(rnd[0].get("first_rejected")) for rnd in per_round],
             "rounds": len(per_round),
         }
     return out
@@ -238,7 +251,7 @@ def report_variants(jobs: list[dict[str, Any]]) -> None:
           f"({ESE_VARIANTS['cheap']}); MLP 2.1 M parameters, k = 10, curvature batch 64 per "
           "rank, gloo on CPU; median (min..max) over rounds, slowest rank")  # fmt: skip
     print(f"{'P':>2} {'variant':<9} {'ESE s':>22} {'step s':>24} {'ESE share':>22} "
-          "Lanczos steps  ESE vs defaults")  # fmt: skip
+          f"Lanczos steps  ESE vs defaults  share at {ESE_EVERY_LONGEST}")  # fmt: skip
     for job in jobs:
         base = job["defaults"]["ese_s"]["median"]
         for name in ESE_VARIANTS:
@@ -247,7 +260,8 @@ def report_variants(jobs: list[dict[str, Any]]) -> None:
             print(f"{job['world_size']:>2} {name:<9} {e['median']:>7.3f} ({e['min']:.3f}.."
                   f"{e['max']:.3f}) {s['median']:>8.4f} ({s['min']:.4f}..{s['max']:.4f})"
                   f" {sh['median'] * 100:>6.1f} % ({sh['min'] * 100:.1f}..{sh['max'] * 100:.1f})"
-                  f" {v['lanczos_steps']}  {e['median'] / base:.2f}x")  # fmt: skip
+                  f" {v['lanczos_steps']}  {e['median'] / base:.2f}x"
+                  f"  {v['ese_share_at_longest']['median'] * 100:.1f} %")  # fmt: skip
 
 
 def _record_collectives(log: list[tuple[str, int, float]]) -> Any:
@@ -462,15 +476,13 @@ def main() -> int:
     parser.add_argument(
         "--ese-variants", action="store_true", help="ESE share: defaults vs the cheaper ESE"
     )
-    parser.add_argument(
-        "--world-sizes", help="comma-separated rank counts (default 1,2,4; --ese-variants 1,2)"
-    )
+    parser.add_argument("--world-sizes", help="comma-separated rank counts (default 1,2,4)")
     args = parser.parse_args()
     if args.worker is not None:
         worker(args.worker, args.rounds, args.ese_variants)
         return 0
     bench = harness.Benchmark("bench_fosi_ese" if args.ese_variants else "bench_fosi")
-    default_sizes = "1,2" if args.ese_variants else ",".join(map(str, WORLD_SIZES))
+    default_sizes = ",".join(map(str, WORLD_SIZES))
     sizes = [int(w) for w in (args.world_sizes or default_sizes).split(",")]
     jobs = []
     for world in sizes:

@@ -11,6 +11,7 @@ import enum
 
 __all__ = [
     "HVP_MODES",
+    "LANCZOS_DTYPES",
     "AssignmentStrategy",
     "ComputeMethod",
     "DampingMode",
@@ -66,6 +67,9 @@ class DistributionStrategy(enum.Enum):
 
 # FOSI's Hessian-vector-product routes (a string option of FOSI: optim/fosi/hvp.py).
 HVP_MODES: tuple[str, ...] = ("auto", "forward-over-reverse", "double-backward")
+# The dtype of FOSI's Lanczos basis and Ritz vectors: float64, or the parameters' own ("training";
+# the tridiagonal matrix and its eigenproblem stay float64 either way: optim/fosi/lanczos.py).
+LANCZOS_DTYPES: tuple[str, ...] = ("float64", "training")
 
 
 def values(choices: type[enum.Enum]) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from kfac_hpc.contracts.choices import (
     HVP_MODES,
+    LANCZOS_DTYPES,
     AssignmentStrategy,
     ComputeMethod,
     KFACApprox,
@@ -504,6 +505,22 @@ FOSI_OPTIONS: tuple[Option, ...] = (
         "raises the curvature batch's loss",
     ),
     _f(
+        "fosi_adaptive_ese",
+        "bool",
+        False,
+        "adapt the steps between ESEs to how far the eigenvector subspace moved between the "
+        "last two (doubled when it hardly moved, halved when it moved much; from --ese-every "
+        "to 8x it)",
+    ),
+    _f(
+        "fosi_lanczos_dtype",
+        "str",
+        "float64",
+        "dtype of the Lanczos basis and the eigenvectors it gives (training: the parameters' "
+        "dtype; the tridiagonal eigenproblem is float64 either way)",
+        choices=LANCZOS_DTYPES,
+    ),
+    _f(
         "fosi_nonfinite_stop",
         "bool",
         True,
@@ -752,6 +769,8 @@ LIBRARY_PARAMETERS: dict[str, dict[str, str]] = {
         "residual_tol": "fosi_residual_tol",
         "ese_check": "fosi_ese_check",
         "nonfinite_stop": "fosi_nonfinite_stop",
+        "adaptive_ese": "fosi_adaptive_ese",
+        "lanczos_dtype": "fosi_lanczos_dtype",
     },
 }
 # The library's parameters that are not options of the job, and why: method -> {parameter: why}.

@@ -86,7 +86,8 @@ def evaluate(
     precision: Precision | None = None,
 ) -> tuple[float, float]:
     """(mean loss, accuracy) over every rank's share of the test set, per target position
-    (a sample's class, or each token of a sequence); the loss is the workload's. Collective."""
+    (a sample's class, or each token of a sequence; each output of a regression, whose
+    accuracy is 0); the loss is the workload's. Collective."""
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=device)
     loss_fn = batches.source.loss
@@ -98,7 +99,8 @@ def evaluate(
             with precision.autocast():
                 logits = model(x)
             totals[0] += loss_fn(logits.float(), y).double() * y.numel()
-            totals[1] += (logits.argmax(-1) == y).sum()
+            if not y.is_floating_point():  # a regression (reconstruction) has no accuracy
+                totals[1] += (logits.argmax(-1) == y).sum()
             totals[2] += y.numel()
     model.train()
     if world_size > 1:

@@ -53,3 +53,29 @@ def test_a_fraction_outside_0_1_exits_2_naming_the_flag(tmp_path, value):
     assert len(lines) == 1 and "--fosi-curvature-fraction" in lines[0], result.output
     assert "(0, 1]" in lines[0]
     assert not run.exists()
+
+
+def test_the_adaptive_schedule_and_the_float32_basis_are_recorded_in_run_json(tmp_path):
+    run = tmp_path / "run"
+    args = ["--fosi-adaptive-ese", "--fosi-lanczos-dtype", "training", "--ese-every", "2"]
+    args += ["--fosi-hvp", "double-backward"]
+    result = _train(run, *MLP, *RUN, *args, "--steps", "10")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((run / "run.json").read_text())
+    assert summary["fosi_adaptive_ese"] is True and summary["fosi_lanczos_dtype"] == "training"
+    count = summary["ese_count"]
+    intervals, movements = summary["fosi_ese_intervals"], summary["fosi_subspace_movement"]
+    assert count >= 2 and len(intervals) == count and len(movements) == count - 1
+    assert all(0.0 <= m <= 1.0 for m in movements)
+    assert all(i in (2, 4, 8, 16) for i in intervals)  # from --ese-every to 8x it
+    assert summary["fosi_memory_bytes"]["lanczos_basis_bytes"] == 8 * 4 * 26_122  # float32
+    assert validate_run_dir(run) == []
+
+
+def test_an_unknown_lanczos_dtype_exits_2_naming_the_flag(tmp_path):
+    run = tmp_path / "run"
+    result = _train(run, *MLP, *RUN, "--fosi-lanczos-dtype", "float16")
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "--fosi-lanczos-dtype" in lines[0], result.output
+    assert not run.exists()

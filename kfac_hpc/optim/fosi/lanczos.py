@@ -1,6 +1,7 @@
 """Extreme-spectrum estimation (ESE): Lanczos with full reorthogonalization, sharded basis.
 
-The basis ``Q`` (m × n) is kept in float64 and sharded over coordinates like everything else
+The basis ``Q`` (m × n) is kept in float64 (or the training dtype: ``dtype``) and sharded over
+coordinates like everything else
 (:class:`~kfac_hpc.optim.fosi.sharding.CoordinateShard`): each rank holds ``Q[:, start:stop]``.
 A dot product is a local dot product plus an allreduce of one number; reorthogonalizing against
 the ``j`` vectors so far is a local ``(j × n_r) @ (n_r,)`` plus an allreduce of ``j`` numbers
@@ -52,7 +53,7 @@ WARM_NOISE = 0.1
 class ExtremeSpectrum:
     """The ``k`` largest and ``l`` smallest Ritz pairs.
 
-    ``eigenvalues``: float64 ``(k + l,)``, largest first; ``vectors``: float64
+    ``eigenvalues``: float64 ``(k + l,)``, largest first; ``vectors``: the basis' dtype
     ``(k + l, n_r)``, this rank's coordinates of the orthonormal eigenvectors (same order);
     ``iterations``: Lanczos steps taken (fewer than asked when the Krylov space is exhausted);
     ``basis_bytes``: bytes of this rank's Lanczos basis; ``residuals``: float64 ``(k + l,)``,
@@ -169,22 +170,27 @@ def lanczos_extremes(
     seed: int,
     stop_tol: float | None = None,
     start: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
 ) -> ExtremeSpectrum:
     """Lanczos on the symmetric operator ``hvp`` (local float64 ``(n_r,)`` slice in, the same
     slice of ``H v`` out; it may communicate) for ``iterations`` steps, or fewer with
     ``stop_tol``: stopped at the first step where all k + l wanted Ritz pairs have residuals
     ‖Hv − λv‖ ≤ ``stop_tol`` × max |λ| (checked on the tridiagonal matrix, the same on every
     rank). ``start``: this rank's slice of a unit start vector (:func:`warm_start_vector`);
-    None: the random one of ``seed``.
+    None: the random one of ``seed``. ``dtype``: of the basis, the vectors ``hvp`` takes and
+    returns, and the Ritz vectors (float32 halves the bytes the reorthogonalization reads); the
+    recurrence's coefficients, the tridiagonal matrix and its eigenproblem are float64 always.
 
     Needs ``k + l <= iterations <= n``. Raises :class:`NonFiniteCurvature` when a product is
     not finite.
     """
     m = iterations
-    basis = torch.zeros(m, shard.size, dtype=torch.float64)
+    basis = torch.zeros(m, shard.size, dtype=dtype)
     alphas = torch.zeros(m, dtype=torch.float64)
     betas = torch.zeros(m, dtype=torch.float64)
-    q = _start_vector(shard, seed) if start is None else start.to(torch.float64).clone()
+    q = (_start_vector(shard, seed) if start is None else start).to(dtype).clone()
+    # a residual below this fraction of |H| is rounding noise of the basis' dtype
+    breakdown = max(_BREAKDOWN, 100 * torch.finfo(dtype).eps)
     steps = m
     last_beta = 0.0  # β_m: the norm of the residual left after the last step
     scale = 0.0  # the largest |H q| so far
@@ -192,6 +198,7 @@ def lanczos_extremes(
         basis[j] = q
         w = hvp(q)
         sums = shard.allreduce(torch.stack([(w * q).sum(), (w * w).sum()]))  # ⟨Hq, q⟩, |Hq|²
+        sums = sums.to(torch.float64)
         alphas[j] = sums[0]
         length = sums[1].sqrt().item()
         if not (alphas[j].isfinite().item() and math.isfinite(length)):
@@ -215,15 +222,15 @@ def lanczos_extremes(
             mine = _converged(alphas[: j + 1], betas[:j], float(beta), k, l, stop_tol)
             # one decision for every rank (allreduced numbers need not agree to the last bit)
             converged = bool(shard.allreduce(torch.tensor([float(mine)], dtype=torch.float64)))
-        if j == m - 1 or converged or beta.item() <= _BREAKDOWN * scale:
+        if j == m - 1 or converged or beta.item() <= breakdown * scale:
             steps = j + 1
-            last_beta = float(beta) if beta.item() > _BREAKDOWN * scale else 0.0
+            last_beta = float(beta) if beta.item() > breakdown * scale else 0.0
             break
         betas[j] = beta
         q = w / beta
     ritz, rotation = tridiagonal_eigh(alphas[:steps], betas[: steps - 1])
     index, take = _extreme_index(steps, k, l)
-    vectors = rotation[:, index].T @ basis[:steps]
+    vectors = rotation[:, index].T.to(dtype) @ basis[:steps]
     residuals = last_beta * rotation[steps - 1, index].abs()
     return ExtremeSpectrum(
         ritz[index].clone(), vectors, steps, basis.element_size() * basis.numel(), residuals, take

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from kfac_hpc.optim.fosi.ese_interval import next_interval, subspace_movement
 from kfac_hpc.optim.fosi.hvp import HessianVectorProduct
 from kfac_hpc.optim.fosi.lanczos import (
     ExtremeSpectrum,
@@ -156,6 +157,12 @@ class FOSI(torch.optim.Optimizer):
         self.top = 0  # how many of the eigenpairs are of the largest (the rest: the smallest)
         self.pairs_kept: list[int] = []  # per ESE: Ritz pairs that passed the residual test
         self.rejected_at: list[int] = []  # steps whose ESE's subspace step raised the loss
+        # the ESE schedule with adaptive_ese: the next ESE's step and the interval it came from
+        self.next_ese = self.options.warmup
+        self.interval = self.options.ese_every
+        self.movements: list[float] = []  # per synchronous ESE after the first: mean sin²
+        self.intervals: list[int] = []  # per synchronous ESE: the steps to the next one
+        self._last_estimate: torch.Tensor | None = None  # the last ESE's V (kept if rejected)
 
     # -- properties -------------------------------------------------------------------
     @property
@@ -182,6 +189,8 @@ class FOSI(torch.optim.Optimizer):
         o = self.options
         if self.reestimate_pending:
             return True
+        if o.adaptive_ese:
+            return self.step_count >= self.next_ese
         return self.step_count >= o.warmup and (self.step_count - o.warmup) % o.ese_every == 0
 
     def reestimate_spectrum(self) -> None:
@@ -192,6 +201,7 @@ class FOSI(torch.optim.Optimizer):
         self.eigenvalues = torch.empty(0, dtype=torch.float64)
         self.vectors = None
         self.velocity = None
+        self._last_estimate = None
         self.top = 0
         self.reestimate_pending = True
         if self.step_count not in self.reestimated_at:
@@ -248,6 +258,7 @@ class FOSI(torch.optim.Optimizer):
             assert closure is not None
             spectrum, loss = self._estimate(closure, seed)
             self._install(spectrum.eigenvalues, spectrum.vectors, self.step_count, spectrum.top)
+            self._schedule()
             if self.options.ese_check:
                 self._check_subspace(closure, g, loss)
             lap("ese")
@@ -279,6 +290,19 @@ class FOSI(torch.optim.Optimizer):
         d2 = self.sharded_base.step(theta, g - g1) - theta
         d2 -= self.shard.allreduce(V @ d2) @ V
         return theta + self._scale() * d2 + d1
+
+    def _schedule(self) -> None:
+        """After a synchronous ESE: how far the subspace moved since the last one (recorded),
+        and, with ``adaptive_ese``, the step of the next ESE (ese_interval.py)."""
+        assert self.vectors is not None
+        if self._last_estimate is not None:
+            movement = subspace_movement(self.shard, self._last_estimate, self.vectors)
+            self.movements.append(movement)
+            if self.options.adaptive_ese:
+                self.interval = next_interval(self.interval, movement, self.options.ese_every)
+        self._last_estimate = self.vectors
+        self.next_ese = self.step_count + self.interval
+        self.intervals.append(self.interval)
 
     def _coefficients(self, theta: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(V g_obj, V v'): the gradient of the objective and the velocity after this step's
@@ -355,20 +379,22 @@ class FOSI(torch.optim.Optimizer):
         started = time.perf_counter()
         buffers = [] if self.model is None else [b.clone() for b in self.model.buffers()]
         hvp = HessianVectorProduct(self.params, closure, self.model, self.options.hvp)
-        shard, dtype = self.shard, self.params[0].dtype
-        wd = weight_decay_vector(self.base, self.bounds, shard)
+        shard, dtype, o = self.shard, self.params[0].dtype, self.options
+        basis_dtype = dtype if o.lanczos_dtype == "training" else torch.float64
+        wd = weight_decay_vector(self.base, self.bounds, shard).to(basis_dtype)
 
         def operator(q: torch.Tensor) -> torch.Tensor:
             hv = hvp(shard.gather(q.to(dtype)))  # cast first: half the bytes gathered
-            return shard.reduce_scatter_mean(hv).to(torch.float64) + wd * q
+            return shard.reduce_scatter_mean(hv).to(basis_dtype) + wd * q
 
-        o = self.options
         m = min(o.iterations, self.n)
         start = None  # warm: from the last ESE's V, where this rank holds one
         if o.warm_start and self.vectors is not None and self.vectors.shape[0]:
             start = warm_start_vector(shard, self.vectors, seed)
         try:
-            spectrum = lanczos_extremes(operator, shard, o.k, o.l, m, seed, o.lanczos_tol, start)
+            spectrum = lanczos_extremes(
+                operator, shard, o.k, o.l, m, seed, o.lanczos_tol, start, basis_dtype
+            )
         except NonFiniteCurvature as exc:
             loss = float("nan") if hvp.loss is None else float(hvp.loss)
             diverged = not (
@@ -439,6 +465,10 @@ class FOSI(torch.optim.Optimizer):
             "top": self.top,
             "pairs_kept": list(self.pairs_kept),
             "rejected_at": list(self.rejected_at),
+            "next_ese": self.next_ese,
+            "ese_interval": self.interval,
+            "movements": list(self.movements),
+            "intervals": list(self.intervals),
         }
 
     def _load_counters(self, state: dict[str, Any]) -> None:
@@ -452,6 +482,10 @@ class FOSI(torch.optim.Optimizer):
         self.top = int(state.get("top", min(self.options.k, pairs)))
         self.pairs_kept = [int(s) for s in state.get("pairs_kept", [])]
         self.rejected_at = [int(s) for s in state.get("rejected_at", [])]
+        self.next_ese = int(state.get("next_ese", self.options.warmup))
+        self.interval = int(state.get("ese_interval", self.options.ese_every))
+        self.movements = [float(s) for s in state.get("movements", [])]
+        self.intervals = [int(s) for s in state.get("intervals", [])]
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state (its coordinates of V, the velocity and the base state, plus λ
@@ -488,6 +522,7 @@ class FOSI(torch.optim.Optimizer):
         self.eigenvalues = state["eigenvalues"].clone()
         vectors, velocity = state["eigenvectors"], state["velocity"]
         self.vectors = None if vectors is None else vectors.clone()
+        self._last_estimate = self.vectors
         self.velocity = None if velocity is None else velocity.clone()
         if self.sharded_base is not None:
             self.sharded_base.optimizer.load_state_dict(_cloned(state["base"]))
@@ -533,6 +568,7 @@ class FOSI(torch.optim.Optimizer):
         dtype = self.params[0].dtype
         vectors, velocity = state["eigenvectors"], state["velocity"]
         self.vectors = None if vectors is None else self.shard.local(vectors).to(dtype).clone()
+        self._last_estimate = self.vectors
         self.velocity = None if velocity is None else self.shard.local(velocity).to(dtype).clone()
         if self.sharded_base is not None and state["base"] is not None:
             self.sharded_base.load_full_state(state["base"])

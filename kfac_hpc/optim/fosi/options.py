@@ -76,6 +76,9 @@ class FOSIOptions:
     ‖Hv − λv‖ ≤ residual_tol × max|λ|; ``ese_check``: after an ESE, the base update alone
     until the next ESE when the new subspace step raises the curvature batch's loss;
     ``nonfinite_stop``: a non-finite gradient raises at once (``NonFiniteCurvature``).
+    ``adaptive_ese``: the steps between ESEs follow how far the subspace moved between the last
+    two (``ese_interval.py``; not with ``curvature_ranks``). ``lanczos_dtype``: the Lanczos
+    basis and Ritz vectors in float64 or in the parameters' dtype ("training").
 
     The defaults and valid ranges of the options the job has too are its option table's
     (contracts/options.py, ``LIBRARY_PARAMETERS``)."""
@@ -99,6 +102,8 @@ class FOSIOptions:
     residual_tol: float = _DEFAULT["residual_tol"]
     ese_check: bool = _DEFAULT["ese_check"]
     nonfinite_stop: bool = _DEFAULT["nonfinite_stop"]
+    adaptive_ese: bool = _DEFAULT["adaptive_ese"]
+    lanczos_dtype: str = _DEFAULT["lanczos_dtype"]
 
     def __post_init__(self) -> None:
         for name in ("k", "l", "alpha", "momentum", "ese_every", "warmup", "lanczos_iters"):
@@ -110,8 +115,11 @@ class FOSIOptions:
                f"None or an integer >= k + l = {self.k + self.l}")  # fmt: skip
         for name in ("clip", "hvp", "curvature_ranks", "max_staleness", "lanczos_tol",
                      "curvature_fraction", "warm_start", "residual_tol", "ese_check",
-                     "nonfinite_stop"):  # fmt: skip
+                     "nonfinite_stop", "adaptive_ese", "lanczos_dtype"):  # fmt: skip
             _check_table(name, getattr(self, name))
+        _check(not (self.adaptive_ese and self.curvature_ranks), "adaptive_ese",
+               self.adaptive_ese, "False with curvature_ranks > 0 (the pipelined schedule is "
+               "fixed)")  # fmt: skip
         # any integer seeds the Lanczos start vectors (the job's seed >= 0 is the job's bound)
         _check(_is_int(self.seed), "seed", self.seed, "an integer")
         _check(isinstance(self.average_gradients, bool), "average_gradients",

@@ -158,6 +158,11 @@ class FOSIMethod(Method):
             "fosi_reestimated_at_steps": list(fosi.reestimated_at),
             "fosi_pairs_kept": list(fosi.pairs_kept),
             "fosi_subspace_rejected_at_steps": list(fosi.rejected_at),
+            "fosi_adaptive_ese": fosi.options.adaptive_ese,
+            "fosi_lanczos_dtype": fosi.options.lanczos_dtype,
+            "fosi_subspace_movement": list(fosi.movements),
+            "fosi_ese_intervals": list(fosi.intervals),
+            "fosi_lanczos_steps": fosi.last_lanczos_steps,
             "fosi_resume_note": self.resume_note,
         }
 
