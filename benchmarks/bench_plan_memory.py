@@ -4,8 +4,8 @@ configurations of the SC'20 / KAISA papers.
     .venv/bin/python benchmarks/bench_plan_memory.py [--rounds 3] [--check]
 
 1. Local, side by side in one invocation: each round runs, in rotating order, the job's own
-   steps (tests/helpers/rank_scripts/memory_peak.py: build_method + TrainStep, every tensor
-   allocation recorded by the allocator through torch.profiler) of SGD, K-FAC COMM-OPT,
+   steps (tests/helpers/rank_scripts/memory_peak.py: build_method + TrainStep, the peak of
+   the CPU allocator's count of allocated bytes, kept for every thread) of SGD, K-FAC COMM-OPT,
    K-FAC MEM-OPT and FOSI (k = 4, an ESE in the run) on the small CNN (digits, global batch
    64) at 1 and 2 ranks, each a fresh ``mpiexec`` job; per point the ratio predicted /
    measured (the fullest rank), median (min–max) over rounds. Target: every point within
