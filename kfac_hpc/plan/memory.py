@@ -29,6 +29,7 @@ bytes the process holds outside the allocator's tensors. See docs/plan.md, "Memo
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -56,6 +57,7 @@ __all__ = [
     "MemoryModel",
     "StepMemory",
     "device_memory",
+    "preconditioner_assignment",
 ]
 
 _F32 = 4
@@ -218,16 +220,20 @@ class MemoryModel:
 
 
 def _assignment(trace: _Trace, cfg: MemoryConfig) -> KAISAAssignment:
-    """The preconditioner's assignment under its default options (as ``model.kfac_assignment``)."""
-    layers = {k.name: (k.n_a, k.n_g, k.groups) for k in trace.layers}
     fraction = cfg.strategy if cfg.grad_worker_fraction is None else cfg.grad_worker_fraction
+    layers = {k.name: (k.n_a, k.n_g, k.groups) for k in trace.layers}
+    return preconditioner_assignment(layers, cfg.ranks, fraction or "comm-opt")
+
+
+def preconditioner_assignment(
+    layers: Mapping[str, tuple[int, int, int]], ranks: int, fraction: str | float
+) -> KAISAAssignment:
+    """The KAISA assignment the preconditioner makes of ``layers`` (name: n_A, n_G, groups,
+    in registration order) at ``ranks`` and grad-worker ``fraction``, under its default
+    assignment options."""
     defaults = KFACOptions()
     return KAISAAssignment(
-        layers,
-        cfg.ranks,
-        fraction or "comm-opt",
-        defaults.assignment_strategy,
-        defaults.colocate_factors,
+        layers, ranks, fraction, defaults.assignment_strategy, defaults.colocate_factors
     )
 
 

@@ -17,10 +17,14 @@ from dataclasses import dataclass, field
 
 from kfac_hpc.comm.assignment import KAISAAssignment
 from kfac_hpc.contracts import PHASES
-from kfac_hpc.optim.options import KFACOptions
 from kfac_hpc.plan.compute_costs import ComputeCosts
 from kfac_hpc.plan.layers import LayerShape, ModelShape
-from kfac_hpc.plan.memory import DeviceMemory, MemoryConfig, MemoryModel
+from kfac_hpc.plan.memory import (
+    DeviceMemory,
+    MemoryConfig,
+    MemoryModel,
+    preconditioner_assignment,
+)
 from kfac_hpc.plan.overhead import JobOverhead
 from kfac_hpc.plan.placement import nic_sharing, price_s
 from kfac_hpc.plan.profiles import NetworkProfile
@@ -331,14 +335,8 @@ def kfac_assignment(shape: ModelShape, cfg: PlanConfig) -> KAISAAssignment:
     preconditioner's default assignment options."""
     assert cfg.strategy is not None
     fraction = cfg.strategy if cfg.grad_worker_fraction is None else cfg.grad_worker_fraction
-    defaults = KFACOptions()
-    return KAISAAssignment(
-        {f"{n}": (layer.n_a, layer.n_g, layer.groups) for n, layer in enumerate(shape.layers)},
-        cfg.ranks,
-        fraction,
-        defaults.assignment_strategy,
-        defaults.colocate_factors,
-    )
+    layers = {f"{n}": (layer.n_a, layer.n_g, layer.groups) for n, layer in enumerate(shape.layers)}
+    return preconditioner_assignment(layers, cfg.ranks, fraction)
 
 
 def _second_order_bytes(layer: LayerShape) -> int:
