@@ -1,7 +1,7 @@
 """`kfac-hpc plan`'s memory per GPU: against real runs here, and at the published ResNet-50
 configurations of the SC'20 / KAISA papers.
 
-    .venv/bin/python benchmarks/bench_plan_memory.py [--rounds 3] [--check]
+    .venv/bin/python benchmarks/bench_plan_memory.py [--rounds 3] [--resnet50] [--check]
 
 1. Local, side by side in one invocation: each round runs, in rotating order, the job's own
    steps (tests/helpers/rank_scripts/memory_peak.py: build_method + TrainStep, the peak of
@@ -19,6 +19,9 @@ configurations of the SC'20 / KAISA papers.
    prediction (this package's job), the same meta-device trace counts the papers'
    implementation's K-FAC design at those points (``papers_design``): not a prediction of
    plan, the check of whether that design's allocations explain the published point.
+
+3. ``--resnet50``: the trace's count at the published model on real CPU steps (1-rank SGD of
+   ResNet-50 on 224² inputs at 2 and 4 samples): predicted / measured and bytes per sample.
 
 Writes benchmarks/results/bench_plan_memory.json.
 """
@@ -59,14 +62,21 @@ for ranks in (1, 2):
         )
 
 
-def measured_peak(options: dict[str, Any], ranks: int) -> int:
-    """The fullest rank's allocated peak of one real run."""
+def measured_peak(
+    options: dict[str, Any],
+    ranks: int,
+    model: str = MODEL,
+    dataset: str = DATASET,
+    batch: int = BATCH,
+    steps: int = 3,
+) -> int:
+    """The fullest rank's allocated peak of one real run (``batch``: the global batch)."""
     env = harness.worker_env(
         {
-            "MODEL": MODEL,
-            "DATASET": DATASET,
-            "BATCH": str(BATCH),
-            "STEPS": "3",
+            "MODEL": model,
+            "DATASET": dataset,
+            "BATCH": str(batch),
+            "STEPS": str(steps),
             "CONFIGS": json.dumps([options]),
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": str(harness.REPO),
@@ -163,8 +173,27 @@ def published() -> dict[str, Any]:
     return out
 
 
+def resnet50_activations() -> dict[str, Any]:
+    """The trace's count at the published model, checked here: real 1-rank SGD steps of
+    ResNet-50 on 224² inputs at 2 and 4 samples (CPU), predicted / measured, and the bytes per
+    sample (the slope between the two), predicted and measured."""
+    memory = MemoryModel("resnet50", "synthetic_imagenet")
+    out: dict[str, Any] = {}
+    for batch in (2, 4):
+        predicted = memory.predict(MemoryConfig("sgd", 1, batch)).peak_bytes
+        measured = measured_peak({"kfac": False}, 1, "resnet50", "synthetic_imagenet", batch, 2)
+        out[f"b={batch}"] = {"predicted": predicted, "measured": measured}
+    for key in ("predicted", "measured"):
+        out[f"{key} bytes per sample"] = (out["b=4"][key] - out["b=2"][key]) / 2
+    return out
+
+
 def main() -> int:
-    args = harness.parser(__doc__, rounds=3).parse_args()
+    parser = harness.parser(__doc__, rounds=3)
+    parser.add_argument(
+        "--resnet50", action="store_true", help="also check ResNet-50's count on real CPU steps"
+    )
+    args = parser.parse_args()
     bench = harness.Benchmark("bench_plan_memory")
     model = MemoryModel(MODEL, DATASET)
     predicted = {k: model.predict(cfg).peak_bytes for k, (_, cfg) in LOCAL.items()}
@@ -204,7 +233,21 @@ def main() -> int:
         ">=",
         note="1 = does not fit",
     )
-    return bench.finish({"local": local, "published_configurations": paper}, check=args.check)
+    results: dict[str, Any] = {"local": local, "published_configurations": paper}
+    if args.resnet50:
+        results["resnet50_sgd_cpu"] = check = resnet50_activations()
+        print("\nResNet-50 SGD, 1 rank, 224² (CPU): predicted / measured peak")
+        for batch in ("b=2", "b=4"):
+            point = check[batch]
+            print(
+                f"  {batch}: {point['predicted'] / 2**20:.1f} / {point['measured'] / 2**20:.1f} "
+                f"MiB = {point['predicted'] / point['measured']:.3f}"
+            )
+        print(
+            f"  per sample: {check['predicted bytes per sample'] / 2**20:.1f} / "
+            f"{check['measured bytes per sample'] / 2**20:.1f} MiB"
+        )
+    return bench.finish(results, check=args.check)
 
 
 if __name__ == "__main__":
