@@ -221,7 +221,6 @@ def plan(**options: Any) -> None:
 
 def _plan(**o: Any) -> None:
     from kfac_hpc.plan.files import write_atomic
-    from kfac_hpc.plan.memory import with_memory
     from kfac_hpc.plan.output import best_by_ranks, plot_bytes, sweep_toml, table_lines
     from kfac_hpc.plan.planner import build_cost_model, predict_all
 
@@ -265,9 +264,6 @@ def _plan(**o: Any) -> None:
         o["fosi_k"],
         o["ese_every"],
     )
-    predictions, memory_limit = with_memory(
-        predictions, o["model"], o["dataset"], o["hardware"], planned.memory_limit
-    )
     for pred in predictions:
         if not all(math.isfinite(v) for v in (pred.step_s, pred.memory_bytes)):
             raise PlanInputError(
@@ -277,7 +273,7 @@ def _plan(**o: Any) -> None:
             )
     files: list[tuple[str, Path, bytes]] = []
     if sweep_path is not None:
-        best = best_by_ranks(predictions, memory_limit)
+        best = best_by_ranks(predictions, planned.memory_limit)
         try:
             text = sweep_toml(best, o["model"], o["dataset"], o["ranks_per_node"], o["steps"])
         except ValueError:
@@ -299,7 +295,7 @@ def _plan(**o: Any) -> None:
     click.echo(
         "milliseconds per step (K-FAC work amortized over its interval); * = best K-FAC strategy"
     )
-    for line in table_lines(predictions, memory_limit):
+    for line in table_lines(predictions, planned.memory_limit):
         click.echo(line)
     if plot_path is not None:
         click.echo(f"plot: {plot_path}")

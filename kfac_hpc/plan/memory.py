@@ -29,8 +29,8 @@ bytes the process holds outside the allocator's tensors. See docs/plan.md, "Memo
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -42,11 +42,12 @@ from torch import nn
 from kfac_hpc.comm.assignment import KAISAAssignment
 from kfac_hpc.contracts.options import OPTIONS
 from kfac_hpc.contracts.textfile import read_user_text
+from kfac_hpc.contracts.workload_names import BUILTIN_MODELS
 from kfac_hpc.optim.factor_reduction import OWNER_BUCKET_CAP_MB, OWNER_IN_FLIGHT_MB
 from kfac_hpc.optim.layers import Conv2dLayer, KFACLayer, make_layer
+from kfac_hpc.optim.options import KFACOptions
 from kfac_hpc.plan.errors import PlanInputError, shown
 from kfac_hpc.plan.layers import INPUTS, build_network, check_fit
-from kfac_hpc.plan.model import Prediction
 from kfac_hpc.plan.profiles import ProfileField, _value, builtin_profiles, tomllib
 
 __all__ = [
@@ -56,7 +57,7 @@ __all__ = [
     "MemoryModel",
     "StepMemory",
     "device_memory",
-    "with_memory",
+    "preconditioner_assignment",
 ]
 
 _F32 = 4
@@ -129,6 +130,7 @@ class MemoryConfig:
     fosi_k: int = int(OPTIONS["fosi_k"].default)
     fosi_l: int = int(OPTIONS["fosi_l"].default)
     lanczos_iters: int | None = None
+    grad_worker_fraction: float | None = None  # None: the strategy's (comm-opt 1, ...)
 
     @property
     def strategy(self) -> str | None:
@@ -182,7 +184,8 @@ class MemoryModel:
     """Predicted memory per rank of ``model`` on ``dataset``'s input shape."""
 
     def __init__(self, model: str, dataset: str) -> None:
-        check_fit(model, dataset)
+        if model in BUILTIN_MODELS:  # others are checked when built (build_network)
+            check_fit(model, dataset)
         self.model, self.dataset = model, dataset
 
     def trace(self, batch: int) -> _Trace:
@@ -217,8 +220,21 @@ class MemoryModel:
 
 
 def _assignment(trace: _Trace, cfg: MemoryConfig) -> KAISAAssignment:
+    fraction = cfg.strategy if cfg.grad_worker_fraction is None else cfg.grad_worker_fraction
     layers = {k.name: (k.n_a, k.n_g, k.groups) for k in trace.layers}
-    return KAISAAssignment(layers, cfg.ranks, cfg.strategy or "comm-opt")
+    return preconditioner_assignment(layers, cfg.ranks, fraction or "comm-opt")
+
+
+def preconditioner_assignment(
+    layers: Mapping[str, tuple[int, int, int]], ranks: int, fraction: str | float
+) -> KAISAAssignment:
+    """The KAISA assignment the preconditioner makes of ``layers`` (name: n_A, n_G, groups,
+    in registration order) at ``ranks`` and grad-worker ``fraction``, under its default
+    assignment options."""
+    defaults = KFACOptions()
+    return KAISAAssignment(
+        layers, ranks, fraction, defaults.assignment_strategy, defaults.colocate_factors
+    )
 
 
 def _optimizer_bytes(cfg: MemoryConfig, params: float) -> float:
@@ -468,31 +484,3 @@ def _trace(model: str, dataset: str, batch: int) -> _Trace:
         modules.append(_Module(params, freed[index], out_bytes, in_bytes, layer, in_shape))
     total = sum(p.numel() * p.element_size() for p in net.parameters() if p.requires_grad)
     return _Trace(tuple(modules), batch_bytes, other, total, tuple(layers))
-
-
-def with_memory(
-    predictions: Sequence[Prediction],
-    model: str,
-    dataset: str,
-    profile: str | None,
-    capacity: float | None,
-) -> tuple[list[Prediction], float | None]:
-    """``predictions`` with ``memory_bytes`` the peak per GPU of this module, and the memory
-    a point must fit in: the profile's ``[memory]`` table (context and workspaces added to
-    every point), else its ``machine.memory_bytes`` (``capacity``); None without a profile
-    (this machine: CPU code paths, no limit)."""
-    device = None
-    if profile is not None:
-        device = device_memory(profile)
-        if device is None and capacity is not None:
-            device = DeviceMemory(capacity)
-    memory = MemoryModel(model, dataset)
-    out = []
-    for pred in predictions:
-        c = pred.config
-        point = MemoryConfig(
-            c.method, c.ranks, c.local_batch, fosi_k=c.fosi_k,
-            fosi_l=c.fosi_l, lanczos_iters=c.lanczos_iters,
-        )  # fmt: skip
-        out.append(replace(pred, memory_bytes=memory.predict(point, device).peak_bytes))
-    return out, None if device is None else device.capacity_bytes

@@ -6,8 +6,8 @@ K-FAC layout is the preconditioner's own KAISA assignment (``kfac_hpc.comm.assig
 factors are allreduced over all ranks; each layer's A and G are decomposed on its A and G
 workers and broadcast to its row of ``W = grad_worker_fraction · P`` grad workers; when
 ``W < P`` its preconditioned gradient is broadcast from the row down each receiver column of
-``P / W`` ranks. Every collective is priced over its real members (placement.py). See
-docs/plan.md.
+``P / W`` ranks. Every collective is priced over its real members (placement.py). Memory
+per rank is memory.py's (the one memory model). See docs/plan.md.
 """
 
 from __future__ import annotations
@@ -17,9 +17,14 @@ from dataclasses import dataclass, field
 
 from kfac_hpc.comm.assignment import KAISAAssignment
 from kfac_hpc.contracts import PHASES
-from kfac_hpc.optim.options import KFACOptions
 from kfac_hpc.plan.compute_costs import ComputeCosts
 from kfac_hpc.plan.layers import LayerShape, ModelShape
+from kfac_hpc.plan.memory import (
+    DeviceMemory,
+    MemoryConfig,
+    MemoryModel,
+    preconditioner_assignment,
+)
 from kfac_hpc.plan.overhead import JobOverhead
 from kfac_hpc.plan.placement import nic_sharing, price_s
 from kfac_hpc.plan.profiles import NetworkProfile
@@ -77,7 +82,8 @@ class PlanConfig:
 @dataclass(frozen=True)
 class Prediction:
     """Seconds per phase (amortized per step), seconds per step outside every phase
-    (``other_s``: the job's and the preconditioner's bookkeeping) and bytes per rank."""
+    (``other_s``: the job's and the preconditioner's bookkeeping) and the fullest rank's peak
+    bytes (memory.py)."""
 
     config: PlanConfig
     phases_s: dict[str, float]
@@ -149,7 +155,8 @@ def bucketed_allreduce_s(net: NetworkProfile, nbytes: float, ranks: int, bucket_
 
 
 class CostModel:
-    """Predictions for one model shape on one machine (compute) and network."""
+    """Predictions for one model shape on one machine (compute), network and device memory
+    (``device``: a GPU's code paths, context and workspaces; None: this machine's CPU)."""
 
     def __init__(
         self,
@@ -157,8 +164,11 @@ class CostModel:
         compute: ComputeCosts,
         network: NetworkProfile,
         host: Host = Host(),
+        device: DeviceMemory | None = None,
     ) -> None:
         self.shape, self.compute, self.network, self.host = shape, compute, network, host
+        self.device = device
+        self.memory = MemoryModel(shape.model, shape.dataset)
 
     def _contention(self, ranks: int) -> float:
         """Compute slows down by the threads a node's ranks run / its cores, when above 1."""
@@ -200,14 +210,15 @@ class CostModel:
         ) + self._wait(cfg.ranks, data + forward + backward)
         optimizer = self.compute.optimizer_s(cfg.local_batch)
         phases["optimizer"] = optimizer * slow
-        memory: float = (
-            3 * self.shape.params + cfg.local_batch * self.shape.activations_per_sample
-        ) * 4
-        memory += min(grad_bytes, cfg.bucket_mb * 2**20)
         if cfg.method == "fosi":
-            memory += self._fosi(cfg, phases, slow, backward)
+            self._fosi(cfg, phases, slow, backward)
         if cfg.kfac:
-            memory += self._kfac(cfg, phases, slow)
+            self._kfac(cfg, phases, slow)
+        point = MemoryConfig(
+            cfg.method, cfg.ranks, cfg.local_batch, fosi_k=cfg.fosi_k, fosi_l=cfg.fosi_l,
+            lanczos_iters=cfg.lanczos_iters, grad_worker_fraction=cfg.grad_worker_fraction,
+        )  # fmt: skip
+        memory = self.memory.predict(point, self.device).peak_bytes
         # outside every phase: the job's bookkeeping and the preconditioner's own bookkeeping
         # around its timed phases
         other = self.host.job.step_s * slow
@@ -215,8 +226,8 @@ class CostModel:
             other += self.compute.kfac_overhead_s(cfg.local_batch) * slow
         return Prediction(cfg, phases, memory, other)
 
-    def _kfac(self, cfg: PlanConfig, phases: dict[str, float], slow: float) -> float:
-        """Fill the K-FAC phases; return the K-FAC bytes per rank."""
+    def _kfac(self, cfg: PlanConfig, phases: dict[str, float], slow: float) -> None:
+        """Fill the K-FAC phases."""
         layers, p = self.shape.layers, cfg.ranks
         assignment = kfac_assignment(self.shape, cfg)
         f, i = cfg.factor_update_steps, cfg.inv_update_steps
@@ -250,8 +261,6 @@ class CostModel:
         grads = [c for c in groups if c.phase == "grad_broadcast"]
         if grads:
             phases["grad_broadcast"] = lanes_s(self.network, grads) + self._wait(p, max(rows))
-        second_order = [_second_order_bytes(layer) for layer in layers]
-        return self._kfac_bytes_per_rank(assignment, second_order)
 
     def kfac_collectives(
         self, cfg: PlanConfig, assignment: KAISAAssignment | None = None
@@ -285,29 +294,11 @@ class CostModel:
                 )
         return out
 
-    def _kfac_bytes_per_rank(self, assignment: KAISAAssignment, second_order: list[int]) -> float:
-        """The K-FAC bytes of the fullest rank under the preconditioner's own KAISA
-        assignment: the running factors (every factor on every rank under COMM-OPT, where they
-        are allreduced; otherwise only the factors a rank decomposes, as they are reduced to
-        their owner) plus the second-order data of the layers it preconditions."""
-        layers, ranks = self.shape.layers, assignment.world_size
-        allreduced = assignment.grad_worker_count == ranks
-        every_factor = sum(layer.factor_elements for layer in layers) * _FLOAT_BYTES
-        held = [every_factor if allreduced else 0.0] * ranks
-        for n, (layer, data) in enumerate(zip(layers, second_order, strict=True)):
-            plan = assignment.plan(f"{n}")
-            for rank in plan.grad_workers:
-                held[rank] += data
-            if not allreduced:
-                held[plan.a_worker] += layer.n_a**2 * layer.groups * _FLOAT_BYTES
-                held[plan.g_worker] += layer.n_g**2 * layer.groups * _FLOAT_BYTES
-        return max(held)
-
     def _fosi(
         self, cfg: PlanConfig, phases: dict[str, float], slow: float, backward: float
-    ) -> float:
-        """FOSI / DHO2 (docs/fosi.md): fill ``optimizer`` and ``ese``; return the bytes per rank
-        beyond SGD's. Vectors and base state are sharded over coordinates (n/P per rank)."""
+    ) -> None:
+        """FOSI / DHO2 (docs/fosi.md): fill ``optimizer`` and ``ese``. Vectors and base state
+        are sharded over coordinates (n/P per rank)."""
         p, n = cfg.ranks, self.shape.params
         pairs = cfg.fosi_k + cfg.fosi_l
         iters = cfg.lanczos_iters if cfg.lanczos_iters is not None else 4 * pairs
@@ -330,8 +321,6 @@ class CostModel:
             2 * half_allreduce + collective_s(self.network, "allreduce", 8, p)
         )
         phases["ese"] = ese / cfg.ese_every
-        # weights and gradients whole; momentum, velocity and V sharded (SGD: momentum whole)
-        return (pairs + 2) * vector / p - vector
 
     def _memory_rate(self, batch: int) -> float:
         """Bytes per second of elementwise traffic: the optimizer's (5 × 4 bytes per
@@ -346,14 +335,8 @@ def kfac_assignment(shape: ModelShape, cfg: PlanConfig) -> KAISAAssignment:
     preconditioner's default assignment options."""
     assert cfg.strategy is not None
     fraction = cfg.strategy if cfg.grad_worker_fraction is None else cfg.grad_worker_fraction
-    defaults = KFACOptions()
-    return KAISAAssignment(
-        {f"{n}": (layer.n_a, layer.n_g, layer.groups) for n, layer in enumerate(shape.layers)},
-        cfg.ranks,
-        fraction,
-        defaults.assignment_strategy,
-        defaults.colocate_factors,
-    )
+    layers = {f"{n}": (layer.n_a, layer.n_g, layer.groups) for n, layer in enumerate(shape.layers)}
+    return preconditioner_assignment(layers, cfg.ranks, fraction)
 
 
 def _second_order_bytes(layer: LayerShape) -> int:

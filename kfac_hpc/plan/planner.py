@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from kfac_hpc.plan.compute_costs import MeasuredCompute, RatedCompute
 from kfac_hpc.plan.errors import PlanInputError
 from kfac_hpc.plan.layers import model_shape
+from kfac_hpc.plan.memory import DeviceMemory, device_memory
 from kfac_hpc.plan.model import ALL_METHODS, CostModel, Host, PlanConfig, Prediction
 from kfac_hpc.plan.overhead import JobOverhead, measure_job_overhead
 from kfac_hpc.plan.profiles import load_profile
@@ -18,7 +19,8 @@ __all__ = ["Planned", "build_cost_model", "predict_all"]
 
 @dataclass(frozen=True)
 class Planned:
-    """A cost model and where its numbers come from (for the printed header)."""
+    """A cost model, where its numbers come from (for the printed header) and the memory a
+    point must fit in (None: this machine, no limit)."""
 
     model: CostModel
     source: str
@@ -33,10 +35,15 @@ def build_cost_model(
     overhead_batch: int = 32,
 ) -> Planned:
     """From a profile (shipped name or TOML path), or measured on this machine when None
-    (``overhead_batch``: the batch of the run that measures the job's own overhead)."""
+    (``overhead_batch``: the batch of the run that measures the job's own overhead). A
+    profile's memory is its ``[memory]`` table (context and workspaces added to every point),
+    else its ``machine.memory_bytes``; this machine's: the CPU code paths, no limit."""
     shape = model_shape(model, dataset)
     if profile is not None:
         machine, network = load_profile(profile)
+        device = device_memory(profile)
+        if device is None and machine.memory_bytes:
+            device = DeviceMemory(machine.memory_bytes)
         host = Host(
             machine.cores_per_node,
             machine.threads_per_rank,
@@ -44,10 +51,10 @@ def build_cost_model(
             compute_cv=machine.compute_cv,
         )
         return Planned(
-            CostModel(shape, RatedCompute(machine, shape), network, host),
+            CostModel(shape, RatedCompute(machine, shape), network, host, device),
             f"hardware {profile}: {machine.name}, {network.ranks_per_node} ranks/node on "
             f"{network.intra_link}, {network.nics} NIC(s)/node, {network.backend}",
-            machine.memory_bytes or None,
+            None if device is None else device.capacity_bytes,
         )
     from kfac_hpc.plan.calibrate import local_network
 

@@ -1,6 +1,7 @@
 """The model's work counts against independent counts on tiny models: forward FLOPs against
 torch's FlopCounterMode, factor and second-order bytes against what the real K-FAC
-preconditioner allocates, parameters against the model."""
+preconditioner allocates, parameters against the model. (Memory per rank is memory.py's:
+tests/plan/test_memory.py.)"""
 
 from __future__ import annotations
 
@@ -103,34 +104,6 @@ def test_strategies_differ_where_kaisa_says() -> None:
     assert pred["kfac-comm-opt"].memory_bytes > pred["kfac-mem-opt"].memory_bytes
     # factors are allreduced over all ranks whatever the strategy
     assert len({round(p.phases_s["factor_comm"], 12) for k, p in pred.items() if k != "sgd"}) == 1
-
-
-def test_kfac_memory_per_rank_follows_where_factors_live() -> None:
-    """COMM-OPT: every factor and all second-order data on every rank. HYBRID/MEM-OPT: the
-    factors only on the rank that decomposes them (they are reduced to it); under MEM-OPT each
-    factor and each layer's second-order data live on exactly one rank, so the fullest rank
-    holds at least 1/P of the total."""
-    shape = model_shape("resnet20", "cifar10")
-    machine = MachineProfile("t", 1e12, 1e11, 1e11, 1e12)
-    link = AlphaBeta(1e-5, 1e-10)
-    model = CostModel(shape, RatedCompute(machine, shape), NetworkProfile("t", 8, link, link))
-    factors = sum(layer.factor_elements for layer in shape.layers) * 4
-    second = sum(
-        (layer.n_a**2 + layer.n_g**2 + layer.n_a * layer.n_g) * layer.groups * 4
-        for layer in shape.layers
-    )
-    for ranks in (1, 4, 8):
-        pred = {
-            m: model.predict(PlanConfig(m, ranks, 64, "strong", 1, 1)).memory_bytes
-            for m in ("sgd", "kfac-comm-opt", "kfac-hybrid-opt", "kfac-mem-opt")
-        }
-        kfac = {m: pred[m] - pred["sgd"] for m in pred if m != "sgd"}
-        assert kfac["kfac-comm-opt"] == pytest.approx(factors + second)
-        if ranks == 1:
-            assert len(set(kfac.values())) == 1
-            continue
-        assert (factors + second) / ranks <= kfac["kfac-mem-opt"] < kfac["kfac-hybrid-opt"]
-        assert kfac["kfac-hybrid-opt"] < kfac["kfac-comm-opt"]
 
 
 def test_factor_flops_match_the_gemms_of_the_real_factor_code() -> None:

@@ -4,6 +4,7 @@ profile table and what ``kfac-hpc plan`` shows of it."""
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from kfac_hpc.cli import main
 from kfac_hpc.plan.errors import PlanInputError
 from kfac_hpc.plan.layers import INPUTS
 from kfac_hpc.plan.memory import DeviceMemory, MemoryConfig, MemoryModel, device_memory
+from kfac_hpc.plan.model import CostModel, PlanConfig
+from kfac_hpc.plan.planner import build_cost_model
 from kfac_hpc.train.config import TrainConfig
 from kfac_hpc.train.workloads import build_model
 
@@ -148,3 +151,59 @@ def test_every_method_is_predicted_on_cpu_and_gpu_paths(model: str, dataset: str
             step = memory.predict(MemoryConfig(method, 4, 8), device)
             held = sum(step.parts.values())
             assert 0 < held <= step.peak_bytes < 1e12, (method, step.moments)
+
+
+def test_kfac_state_per_rank_follows_where_factors_live() -> None:
+    """COMM-OPT: every factor and all second-order data on every rank. HYBRID/MEM-OPT: the
+    factors only on the rank that decomposes them (they are reduced to it); under MEM-OPT each
+    factor and each layer's second-order data live on exactly one rank, so the fullest rank
+    holds at least 1/P of the total. Totals counted from the modules' weight shapes."""
+    sizes = _factor_sizes("resnet20", "cifar10")
+    factors = sum((a * a + g * g) * 4 for a, g in sizes)
+    second = sum((a * a + a + g * g + g + a * g) * 4 for a, g in sizes)
+    memory = MemoryModel("resnet20", "cifar10")
+    for ranks in (1, 4, 8):
+        kfac = {}
+        for method in ("kfac-comm-opt", "kfac-hybrid-opt", "kfac-mem-opt"):
+            parts = memory.predict(MemoryConfig(method, ranks, 8)).parts
+            kfac[method] = parts["kfac_factors"] + parts["kfac_second_order"]
+        assert kfac["kfac-comm-opt"] == factors + second
+        if ranks == 1:
+            assert len(set(kfac.values())) == 1
+            continue
+        assert (factors + second) / ranks <= kfac["kfac-mem-opt"] < kfac["kfac-hybrid-opt"]
+        assert kfac["kfac-hybrid-opt"] < kfac["kfac-comm-opt"]
+
+
+def test_fosi_shards_its_state_over_ranks() -> None:
+    """FOSI keeps parameters and gradients whole; the base optimizer's momentum, the k
+    eigenvectors and the velocity are sharded: (k + 2) shards of ⌈n / P⌉ floats."""
+    shape, classes = INPUTS["digits"]
+    n = sum(
+        p.numel() for p in build_model(TrainConfig(model="small_cnn"), shape, classes).parameters()
+    )
+    memory = MemoryModel("small_cnn", "digits")
+    for ranks in (1, 3, 4):
+        parts = memory.predict(MemoryConfig("fosi", ranks, 8, fosi_k=3)).parts
+        assert parts["parameters"] == parts["gradients"] == 4 * n
+        shard = -(-n // ranks)
+        assert (
+            parts["optimizer"] + parts["fosi_vectors"] + parts["fosi_velocity"]
+            == (3 + 2) * 4 * shard
+        )
+
+
+def test_the_cost_models_memory_is_this_models_peak() -> None:
+    """One memory model: a prediction's bytes are the peak this module gives the same point,
+    on a profile's device (context and workspaces added) and on this machine's CPU paths."""
+    path = resources.files("kfac_hpc.plan") / "profiles" / "v100-edr.toml"
+    planned = build_cost_model("resnet20", "cifar10", str(path))
+    device = device_memory(str(path))
+    assert device is not None and planned.memory_limit == device.capacity_bytes
+    memory = MemoryModel("resnet20", "cifar10")
+    for method in ("sgd", "kfac-comm-opt", "kfac-hybrid-opt", "kfac-mem-opt", "fosi"):
+        cfg = PlanConfig(method, 8, 16, "weak", fosi_k=3, lanczos_iters=6)
+        point = MemoryConfig(method, 8, 16, fosi_k=3, lanczos_iters=6)
+        assert planned.model.predict(cfg).memory_bytes == memory.predict(point, device).peak_bytes
+        cpu = CostModel(planned.model.shape, planned.model.compute, planned.model.network)
+        assert cpu.predict(cfg).memory_bytes == memory.predict(point).peak_bytes

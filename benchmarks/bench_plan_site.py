@@ -1,0 +1,130 @@
+"""`kfac-hpc plan` with a profile calibrated on the local Slurm cluster, against real runs there.
+
+    .venv/bin/python benchmarks/bench_plan_site.py [--rounds 2] [--steps 60] [--check]
+
+Needs the local cluster running (``bash slurm/cluster.sh start``, ``SLURM_CONF`` exported; run
+it under the cluster's lock where others share it). One invocation: ``kfac-hpc plan calibrate``
+under ``srun`` on 2 nodes of 2 ranks (both links measured, gloo), then per round, in rotating
+order, real ``kfac-hpc train`` runs of the small CNN on digits (global batch 128, strong
+scaling, factors every step, inverses every 10) under ``srun`` on 2 and 4 nodes of one rank
+each, SGD and K-FAC COMM-OPT. Each run is predicted from its own ``config.json`` with the
+calibrated profile (``kfac_hpc.plan.explain.predicted_vs_measured``: the path of
+``kfac-hpc plan --explain``); measured: ``run.json``'s per-step means. Per run and phase:
+predicted / measured, median (min-max) over rounds. Target (issue 29): every phase within
+20 %, reported as the count of (run, phase) points met, the step's among them.
+
+Writes benchmarks/results/bench_plan_site.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import harness  # benchmarks/harness.py, beside this script
+
+from kfac_hpc.plan.explain import predicted_vs_measured
+from kfac_hpc.plan.planner import build_cost_model
+
+TOLERANCE = 0.20
+MODEL, DATASET, BATCH = "small_cnn", "digits", 128
+NODES = (2, 4)
+METHODS = {"sgd": ["--no-kfac"], "kfac-comm-opt": ["--kfac", "--grad-worker-fraction", "comm-opt"]}
+SRUN = ["srun", "--mpi=pmi2", "-t", "10"]
+PYTHON = [sys.executable, "-m", "kfac_hpc"]
+
+
+def calibrate(out: Path) -> None:
+    """The profile: srun on 2 nodes of 2 ranks, gloo."""
+    argv = [*SRUN, "-N", "2", "--ntasks-per-node", "2", *PYTHON, "plan", "calibrate"]
+    argv += ["--out", str(out), "--backend", "gloo", "--eigh-sizes", "32,64,128,256"]
+    _run(argv)
+
+
+def train(run_dir: Path, nodes: int, method: str, steps: int) -> None:
+    """One real run, one rank a node."""
+    argv = [*SRUN, "-N", str(nodes), "--ntasks-per-node", "1", *PYTHON, "train"]
+    argv += ["--run-dir", str(run_dir), "--model", MODEL, "--dataset", DATASET]
+    argv += ["--batch-size", str(BATCH), "--steps", str(steps), "--log-every", "10"]
+    argv += ["--factor-update-steps", "1", "--inv-update-steps", "10", "--no-progress"]
+    argv += ["--checkpoint-every", "100000", *METHODS[method]]
+    _run(argv)
+    world = json.loads((run_dir / "run.json").read_text())["world_size"]
+    assert world == nodes, (world, nodes)
+
+
+def _run(argv: list[str]) -> None:
+    env = harness.worker_env({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(harness.REPO)})
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1200)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+
+
+def main() -> int:
+    parser = harness.parser(__doc__, rounds=2)
+    parser.add_argument("--steps", type=int, default=60, help="steps per run")
+    args = parser.parse_args()
+    if not os.environ.get("SLURM_CONF"):
+        raise SystemExit("SLURM_CONF is not set: start the cluster (bash slurm/cluster.sh start)")
+    bench = harness.Benchmark("bench_plan_site")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        site = root / "site.toml"
+        calibrate(site)
+        planned = build_cost_model(MODEL, DATASET, str(site))
+        print(f"profile: {planned.source}", flush=True)
+
+        def point(nodes: int, method: str) -> Any:
+            def run(round_index: int) -> dict[str, dict[str, float]]:
+                run_dir = root / f"{method}-{nodes}-{round_index}"
+                train(run_dir, nodes, method, args.steps)
+                return predicted_vs_measured(planned, run_dir)
+
+            return run
+
+        variants = {f"{m}@{n}": point(n, m) for n in NODES for m in METHODS}
+        measured = harness.interleave(variants, args.rounds)
+    results: dict[str, Any] = {"profile": planned.source, "points": {}}
+    met = total = step_met = 0
+    for key, rounds in measured.items():
+        print(f"\n{key}: phase, predicted ms, measured ms median (min-max), ratio median (min-max)")
+        phases: dict[str, Any] = {}
+        for phase in rounds[0]:
+            seen = [r[phase]["measured_s"] for r in rounds]
+            predicted = rounds[0][phase]["predicted_s"]
+            if max(predicted, *seen) < 1e-6:
+                continue  # a phase this method has not
+            ratios = [predicted / m if m > 0 else float("inf") for m in seen]
+            summary = harness.Stats.of(ratios)
+            within = abs(summary.median - 1) <= TOLERANCE
+            met, total = met + within, total + 1
+            step_met += within and phase == "step"
+            phases[phase] = {
+                "predicted_s": predicted,
+                "measured_s": seen,
+                "ratio": summary.as_dict(),
+            }
+            ms = harness.Stats.of(seen).scaled(1e3)
+            print(
+                f"  {phase:<16} {predicted * 1e3:9.2f} {ms:.2f}  {summary:.2f}"
+                f"{'' if within else '  MISS'}"
+            )
+        results["points"][key] = phases
+    bench.target(
+        "plan with a calibrated profile within 20 % of real runs, per phase (points)",
+        met,
+        total,
+        ">=",
+        note="small CNN, 2 and 4 Slurm nodes, SGD and COMM-OPT",
+    )
+    bench.target("... of which the step (runs)", step_met, len(measured), ">=")
+    return bench.finish(results, check=args.check)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
