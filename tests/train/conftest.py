@@ -27,7 +27,7 @@ def train_cmd(run_dir: Path, *args: str) -> list[str]:
     return [KFAC_HPC, "train", "--run-dir", str(run_dir), *QUICK, *args]
 
 
-def run_plain(run_dir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 120):
+def run_plain(run_dir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300):
     return subprocess.run(
         train_cmd(run_dir, *args),
         env=clean_env(env),
@@ -97,7 +97,7 @@ def explain(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 def start_until_checkpoint(
-    run_dir: Path, *args: str, launcher: tuple[str, ...] = (), timeout_s: float = 120
+    run_dir: Path, *args: str, launcher: tuple[str, ...] = (), timeout_s: float = 300
 ) -> subprocess.Popen[str]:
     """A training run started in the background (behind ``launcher``, e.g. mpiexec -n 2),
     returned once it has a checkpoint (within ``timeout_s``)."""
