@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import harness  # benchmarks/harness.py, beside this script
-from bench_tts_methods import Setting, as_flags, grid, label, score
+from bench_tts_methods import Setting, as_flags, grid, label
 
 BIN = Path(sys.executable).parent
 RESULTS = harness.RESULTS_DIR / "bench_tts_fosi_tasks.rounds.json"
@@ -137,13 +137,6 @@ def load() -> dict[str, Any]:
     return stored or {"chosen": {}, "tune": [], "runs": [], "load": []}
 
 
-def save(results: dict[str, Any]) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    partial = RESULTS.with_suffix(".partial")
-    partial.write_text(json.dumps(results, indent=1))
-    partial.replace(RESULTS)
-
-
 def show(r: dict[str, Any], prefix: str) -> None:
     what = f"  {prefix} {r['task']} P={r['ranks']} seed {r['seed']} {r['method']:14s} "
     what += f"{label(r['setting']):26s}"
@@ -179,10 +172,12 @@ def tune(results: dict[str, Any], task: str, methods: list[str], jobs: int, work
             t for t in results["tune"] if (t["task"], t["method"]) != (task, method)
         ] + done
         per = len(TUNE_SEEDS)
-        best = min(range(len(points)), key=lambda i: score(done[i * per : (i + 1) * per]))
+        best = min(
+            range(len(points)), key=lambda i: harness.tts_score(done[i * per : (i + 1) * per])
+        )
         results["chosen"][f"{task}/{method}"] = points[best]
         results["runs"] = [r for r in results["runs"] if (r["task"], r["method"]) != (task, method)]
-        save(results)
+        harness.save_json(RESULTS, results)
 
 
 def measure(
@@ -206,7 +201,7 @@ def measure(
                     for x in results["runs"]
                     if (x["task"], x["ranks"], x["method"], x["seed"]) != key
                 ] + [r]
-                save(results)
+                harness.save_json(RESULTS, results)
 
 
 def report(results: dict[str, Any], bench: harness.Benchmark) -> dict[str, Any]:
@@ -268,7 +263,7 @@ def report(results: dict[str, Any], bench: harness.Benchmark) -> dict[str, Any]:
                 points.setdefault((t["method"], json.dumps(t["setting"])), []).append(t)
         for (method, setting), every in points.items():
             mark = "*" if chosen(results, task, method) == json.loads(setting) else " "
-            steps, _, tts = score(every)
+            steps, _, tts = harness.tts_score(every)
             shown = "not reached" if math.isinf(tts) else f"{steps:5g} steps {tts:6.1f} s"
             print(f"   {method:14s} {mark}{label(json.loads(setting)):26s} {shown}")
     for p in (1, 2, 4):
@@ -320,7 +315,7 @@ def main() -> int:
                 ranks = [int(p) for p in args.ranks.split(",")]
                 measure(results, args.task, methods, ranks, seeds, work)
             results["load"].append({"what": what, "start": start, "end": harness.load_average()})
-            save(results)
+            harness.save_json(RESULTS, results)
     if args.report or not (args.tune or seeds):
         summary = report(load(), bench)
         return bench.finish({"ratio_to_base": summary}, check=args.check)

@@ -228,13 +228,6 @@ def load_results(fresh_task: bool = False) -> dict[str, Any]:
     }
 
 
-def save(results: dict[str, Any]) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    partial = RESULTS.with_suffix(".partial")
-    partial.write_text(json.dumps(results, indent=1))
-    partial.replace(RESULTS)
-
-
 def _show(r: dict[str, Any], prefix: str) -> None:
     if "error" in r:
         print(f"  {prefix} P={r['ranks']} {r['method']:16s} {label(r['setting'])}: {r['error']}")
@@ -250,15 +243,6 @@ def follow(results: dict[str, Any]) -> None:
     for method, (_, source, _) in METHODS.items():
         if isinstance(source, str) and source in results["chosen"]:
             results["chosen"][method] = results["chosen"][source]
-
-
-def score(runs: list[dict[str, Any]]) -> tuple[float, float, float]:
-    """A grid point's median and mean steps and median time to target over its seeds (a run
-    that did not reach the target counts as infinitely many of each): lower is better. Steps
-    are the same on a busy machine; time only breaks ties that steps leave."""
-    steps = [math.inf if r.get("tts_s") is None else r["steps"] for r in runs]
-    times = [math.inf if r.get("tts_s") is None else r["tts_s"] for r in runs]
-    return statistics.median(steps), statistics.fmean(steps), statistics.median(times)
 
 
 def tune(results: dict[str, Any], methods: list[str], cache: Path, work: Path, jobs: int) -> None:
@@ -282,10 +266,12 @@ def tune(results: dict[str, Any], methods: list[str], cache: Path, work: Path, j
             done = [f.result() for f in futures]
         results["tune"] = [t for t in results["tune"] if t["method"] != method] + done
         per = len(TUNE_SEEDS)
-        best = min(range(len(points)), key=lambda i: score(done[i * per : (i + 1) * per]))
+        best = min(
+            range(len(points)), key=lambda i: harness.tts_score(done[i * per : (i + 1) * per])
+        )
         results["chosen"][method] = points[best]
         follow(results)
-        save(results)
+        harness.save_json(RESULTS, results)
     chosen = results["chosen"]
     results["runs"] = [r for r in results["runs"] if chosen.get(r["method"]) == r["setting"]]
 
@@ -314,7 +300,7 @@ def run_round(
             key = (index, p, method, seed)
             runs = [x for x in results["runs"] if _cell(x) != key]
             results["runs"] = [*runs, r]
-            save(results)
+            harness.save_json(RESULTS, results)
 
 
 def _cell(r: dict[str, Any]) -> tuple[int, int, str, int]:
@@ -363,7 +349,7 @@ def report(results: dict[str, Any]) -> dict[tuple[int, str], harness.Stats]:
         points.setdefault((t["method"], json.dumps(t["setting"])), []).append(t)
     for (method, setting), runs in points.items():
         chosen = "*" if results["chosen"].get(method) == json.loads(setting) else " "
-        steps, _, tts = score(runs)
+        steps, _, tts = harness.tts_score(runs)
         median = "not reached" if math.isinf(tts) else f"{tts:6.1f} s {steps:5g} steps"
         per_seed = " ".join(
             f"{r.get('seed', 0)}:" + ("-" if r.get("tts_s") is None else str(r["steps"]))
@@ -457,7 +443,7 @@ def main() -> int:
             tune(results, methods, data_cache(), work, args.jobs)
             end = harness.load_average()
             results["load"].append({"what": f"tune {args.methods}", "start": start, "end": end})
-            save(results)
+            harness.save_json(RESULTS, results)
         for index in [args.round] if args.round else (1, 2, 3) if everything else ():
             start = harness.load_average()
             results = load_results()
@@ -465,7 +451,7 @@ def main() -> int:
             run_round(results, index, ranks, methods, data_cache(), work, args.seed)
             end = harness.load_average()
             results["load"].append({"what": what, "start": start, "end": end})
-            save(results)
+            harness.save_json(RESULTS, results)
     if args.report or everything:
         ratios = report(load_results())
         kfac = ratios.get((1, "sgd+kfac"))

@@ -91,6 +91,15 @@ def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[f
     return [a / b for a, b in zip(numerators, denominators, strict=True)]
 
 
+def save_json(path: Path, data: Any) -> None:
+    """Write ``data`` to ``path`` as indented JSON, whole or not at all (a partial file
+    renamed over it), so an interrupted benchmark leaves its earlier results readable."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(data, indent=1))
+    partial.replace(path)
+
+
 def tts_score(runs: Sequence[Mapping[str, Any]]) -> tuple[float, float, float]:
     """A tuning grid point's median and mean steps and median time to target over its seeds
     (each run a mapping with ``steps`` and ``tts_s``; one that missed the target, ``tts_s``

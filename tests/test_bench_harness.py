@@ -220,3 +220,24 @@ def test_launch_returns_what_the_worker_wrote(
     assert harness.launch(worker, "ok", quiet=True, env={"RANK": "7"}) == {"arg": "ok", "rank": "7"}
     with pytest.raises(SystemExit, match="worker exited 3"):
         harness.launch(worker, "fail", quiet=True)
+
+
+def test_tts_score_ranks_by_median_steps_then_mean_then_time():
+    reached = [{"steps": 30, "tts_s": 9.0}, {"steps": 50, "tts_s": 12.0}]
+    missed = {"steps": None, "tts_s": None}
+    assert harness.tts_score([*reached, {"steps": 40, "tts_s": 20.0}]) == (40, 40, 12.0)
+    # one seed missed the target: it counts as infinitely many steps and seconds
+    score = harness.tts_score([*reached, missed])
+    assert score[0] == 50 and score[1] == math.inf and score[2] == 12.0
+    assert min(score, harness.tts_score([missed, missed, reached[0]])) == score
+    # equal steps: the time breaks the tie
+    fast, slow = [{"steps": 40, "tts_s": 5.0}], [{"steps": 40, "tts_s": 6.0}]
+    assert harness.tts_score(fast) < harness.tts_score(slow)
+
+
+def test_save_json_replaces_the_file_whole(tmp_path):
+    path = tmp_path / "results" / "rounds.json"
+    harness.save_json(path, {"runs": [1]})
+    harness.save_json(path, {"runs": [1, 2]})
+    assert json.loads(path.read_text()) == {"runs": [1, 2]}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["rounds.json"]
