@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from itertools import product
@@ -41,7 +40,6 @@ from typing import Any
 
 import harness  # benchmarks/harness.py, beside this script
 
-BIN = Path(sys.executable).parent
 TUNED = harness.RESULTS_DIR / "bench_transformer.tuned.json"
 TARGET_LOSS = 1.8  # nats per byte; 2.92 without context, 1.52 given the previous byte
 STEP_RATIO_TARGET = 1.5
@@ -86,19 +84,15 @@ def run(
 ) -> dict[str, Any]:
     """One real run: its mean step time, ESE share, and the wall time and step of the first
     validation loss at or below the target (None when not reached)."""
-    run_dir = Path(tempfile.mkdtemp(dir=work)) / "run"
-    cmd = [sys.executable, "-m", "kfac_hpc", "train", "--run-dir", str(run_dir)]
-    cmd += [*TASK, "--seed", str(seed), *METHODS[method][0], *_flags(setting)]
-    if ranks > 1:
-        cmd = [str(BIN / "mpiexec"), "-n", str(ranks), *cmd]
-    env = harness.worker_env({"OMP_NUM_THREADS": "1"})
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"{method} {setting} at P={ranks}: {proc.stderr.strip()[-1000:]}")
-    summary = json.loads((run_dir / "run.json").read_text())
-    if summary["world_size"] != ranks:
-        raise SystemExit(f"{method}: asked for {ranks} ranks, ran on {summary['world_size']}")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    job = harness.run_job(
+        [*TASK, "--seed", str(seed), *METHODS[method][0], *_flags(setting)], ranks, work
+    )
+    if job.error is not None:
+        raise SystemExit(f"{method} {setting} at P={ranks}: {job.error}")
+    summary = job.summary
+    records = [
+        json.loads(line) for line in (job.run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
     evals = [r for r in records if r.get("kind") == "eval"]
     reached = next((r for r in evals if r["loss"] <= TARGET_LOSS), None)
     phases = summary["phases_s"]

@@ -42,9 +42,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,7 +53,6 @@ from typing import Any
 import harness  # benchmarks/harness.py, beside this script
 from bench_tts_methods import Setting, as_flags, grid, label
 
-BIN = Path(sys.executable).parent
 RESULTS = harness.RESULTS_DIR / "bench_tts_fosi_tasks.rounds.json"
 TUNE_SEEDS = (0, 1, 2)
 AUTOENCODER_TARGET = 0.8  # FOSI-SGD's time to target over SGD's on the autoencoder, each P
@@ -104,21 +101,13 @@ METHODS: dict[str, tuple[list[str], tuple[Setting, ...] | str, str | None, int]]
 
 def run(task: str, ranks: int, method: str, setting: Setting, seed: int, work: Path) -> dict:
     """One real run: its run.json figures (``tts_s`` None when not reached), or ``error``."""
-    run_dir = Path(tempfile.mkdtemp(dir=work)) / "run"
     args = [*TASKS[task], "--seed", str(seed), *METHODS[method][0], *as_flags(setting)]
-    cmd = [str(BIN / "kfac-hpc"), "train", "--run-dir", str(run_dir), *args]
-    if ranks > 1:
-        cmd = [str(BIN / "mpiexec"), "-n", str(ranks), *cmd]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    job = harness.run_job(args, ranks, work, timeout=900)
     found: dict[str, Any] = {"task": task, "ranks": ranks, "method": method}
     found.update(setting=setting, seed=seed)
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
-        return {**found, "error": lines[-1][:300]}
-    summary = json.loads((run_dir / "run.json").read_text())
-    if summary["world_size"] != ranks:
-        raise RuntimeError(f"{method}: asked for {ranks} ranks, ran on {summary['world_size']}")
+    if job.error is not None:
+        return {**found, "error": job.error}
+    summary = job.summary
     phases = summary["phases_s"]
     step_s = sum(phases.values())
     return {

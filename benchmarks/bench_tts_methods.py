@@ -54,9 +54,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -68,7 +66,6 @@ from typing import Any
 import harness  # benchmarks/harness.py, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 # the accumulated tuning and rounds (harness.Benchmark writes bench_tts_methods.json)
 RESULTS = harness.RESULTS_DIR / "bench_tts_methods.rounds.json"
 SAMPLES, TARGET = 32000, 0.98
@@ -161,7 +158,6 @@ def run(
 ) -> dict[str, Any]:
     """One real run; its run.json figures (time to target None when not reached), or, when
     the job fails, ``error``: the last line it wrote (a failure is a result, not the end)."""
-    run_dir = Path(tempfile.mkdtemp(dir=work)) / "run"
     task = [
         str(seed) if prev == "--seed" else a for prev, a in zip(["", *TASK[:-1]], TASK, strict=True)
     ]
@@ -173,18 +169,16 @@ def run(
         *METHODS[method][0],
         *as_flags(setting),
     ]
-    cmd = [str(BIN / "kfac-hpc"), "train", "--run-dir", str(run_dir), *args]
-    if ranks > 1:
-        cmd = [str(BIN / "mpiexec"), "-n", str(ranks), *cmd]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
-        error = lines[-1][:300]
-        return {"ranks": ranks, "method": method, "setting": setting, "seed": seed, "error": error}
-    summary = json.loads((run_dir / "run.json").read_text())
-    if summary["world_size"] != ranks:
-        raise RuntimeError(f"{method}: asked for {ranks} ranks, ran on {summary['world_size']}")
+    job = harness.run_job(args, ranks, work)
+    if job.error is not None:
+        return {
+            "ranks": ranks,
+            "method": method,
+            "setting": setting,
+            "seed": seed,
+            "error": job.error,
+        }
+    summary = job.summary
     phases = summary["phases_s"]
     step_s = sum(phases.values())
     return {

@@ -370,6 +370,36 @@ def worker_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True)
+class JobRun:
+    """One ``kfac-hpc train`` a benchmark ran: its run.json (``summary``), or the last line of
+    its stderr (``error``, the summary then empty) when it failed."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    error: str | None = None
+
+
+def run_job(args: Sequence[str], ranks: int, work: Path, timeout: float = 1200) -> JobRun:
+    """The real job, ``kfac-hpc train ARGS``, in a fresh run directory under ``work``: behind
+    ``mpiexec -n ranks`` for ranks > 1, one thread a rank. Raises RuntimeError when run.json's
+    world size is not ``ranks``."""
+    run_dir = Path(tempfile.mkdtemp(dir=work)) / "run"
+    cmd = [sys.executable, "-m", "kfac_hpc", "train", "--run-dir", str(run_dir), *args]
+    if ranks > 1:
+        cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(ranks), *cmd]
+    env = worker_env({"OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
+        return JobRun(run_dir, {}, lines[-1][:300])
+    summary = json.loads((run_dir / "run.json").read_text())
+    if summary["world_size"] != ranks:
+        raise RuntimeError(f"{' '.join(args)}: asked for {ranks} ranks, ran on "
+                           f"{summary['world_size']}")  # fmt: skip
+    return JobRun(run_dir, summary)
+
+
 def launch(
     script: str | Path,
     *args: str,
