@@ -39,6 +39,7 @@ __all__ = [
     "dataset_source",
     "digits",
     "digits_arrays",
+    "digits_split",
     "generated_text",
     "imagefolder",
     "mnist1d",
@@ -138,15 +139,21 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
         return data["images"], data["labels"]
 
 
+def digits_split(count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The digits' fixed 80/20 split of ``count`` images: (train, test) indices, from seed 0
+    always, so every run and every digits workload tests on the same images."""
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(0))
+    cut = int(0.8 * count)
+    return order[:cut], order[cut:]
+
+
 def _digits(seed: int) -> DataSource:
     """The 1,797 8x8 UCI digits (scikit-learn's copy, shipped in ``kfac_hpc/data``),
     standardised; a fixed 80/20 split (seed 0 always, so every run tests on the same images)."""
     images, labels = digits_arrays()
     x = torch.tensor(images, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
     y = torch.tensor(labels, dtype=torch.int64)
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    cut = int(0.8 * len(y))
-    train, test = order[:cut], order[cut:]
+    train, test = digits_split(len(y))
     mean, std = x[train].mean(), x[train].std()
     x = (x - mean) / std
     return tensor_source("digits", (x[train], y[train]), (x[test], y[test]))

@@ -18,7 +18,7 @@ import math
 import torch
 from torch import nn
 
-from kfac_hpc.train.data import DataSource, digits_arrays
+from kfac_hpc.train.data import DataSource, digits_arrays, digits_split
 from kfac_hpc.train.workloads import FactoryContext
 
 __all__ = ["autoencoder", "digits_reconstruction", "logistic", "mse"]
@@ -37,9 +37,7 @@ def digits_reconstruction(ctx: FactoryContext) -> DataSource:
     training images), each its own target; the digits' fixed 80/20 split (seed 0)."""
     images, _ = digits_arrays()
     x = torch.tensor(images, dtype=torch.float32) / 16.0
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
-    cut = int(0.8 * len(x))
-    train, test = order[:cut], order[cut:]
+    train, test = digits_split(len(x))
     mean, std = x[train].mean(dim=0), x[train].std(dim=0)
     x = (x - mean) / std.clamp_min(0.1)  # a pixel that is (almost) always blank stays ~0
     xtr, xte = x[train], x[test]
