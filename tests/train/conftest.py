@@ -65,8 +65,7 @@ def train_here(
 
 def explain_here(result: Result) -> str:
     """:func:`explain` for a :func:`train_here` result."""
-    out, err = result.stdout[-3000:], result.stderr[-3000:]
-    return f"exit {result.exit_code}\nstdout:\n{out}\nstderr:\n{err}"
+    return _explained(result.exit_code, result.stdout, result.stderr)
 
 
 @pytest.fixture(scope="session")
@@ -93,7 +92,12 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def explain(proc: subprocess.CompletedProcess[str]) -> str:
-    return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    return _explained(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _explained(code: int, stdout: str, stderr: str) -> str:
+    """An exit code and the ends of both streams, for an assertion's message."""
+    return f"exit {code}\nstdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}"
 
 
 def start_until_checkpoint(
