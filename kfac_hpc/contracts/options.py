@@ -462,7 +462,8 @@ FOSI_OPTIONS: tuple[Option, ...] = (
         "max_staleness",
         "int",
         0,
-        "steps a pipelined ESE may lag before training waits for it (< --ese-every)",
+        "steps a pipelined ESE may lag (0: training waits for it; more: the base update "
+        "alone while it is later, never a wait; < --ese-every)",
         unit="steps",
         check="nonnegative",
     ),

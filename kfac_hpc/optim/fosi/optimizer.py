@@ -148,6 +148,11 @@ class FOSI(torch.optim.Optimizer):
         self.vectors: torch.Tensor | None = None  # (K, n_r), this rank's coordinates
         self.velocity: torch.Tensor | None = None  # (n_r,)
         self.staleness: list[int] = []  # steps between snapshot and swap, per ESE
+        # pipelined: steps whose update was the base's alone (the curvature was late), and the
+        # step from which the eigenpairs in use are too old, for an ESE that was in flight when
+        # the state was saved (its result is lost with the old run; None: none such)
+        self.late_steps: list[int] = []
+        self.late_from: int | None = None
         self.hvp_mode_used: str | None = None
         self.lanczos_basis_bytes = 0
         self.last_ese_s = 0.0  # seconds of this rank's last ESE (0 on pipelined trainers)
@@ -262,18 +267,35 @@ class FOSI(torch.optim.Optimizer):
             if self.options.ese_check:
                 self._check_subspace(closure, g, loss)
             lap("ese")
-        if self.pipeline is not None and self.pipeline.due(
-            self.step_count, self.options.max_staleness
-        ):
-            snapshot, values, vectors, top = self.pipeline.take()
-            self._install(values, vectors, snapshot, top)
+        late = self.pipeline is not None and self._swap_arrived()
         theta = self.shard.local(flatten(self.params))
-        new = self._update(theta, g)
+        if late:  # the eigenpairs in use are older than max_staleness allows
+            assert self.sharded_base is not None
+            self.late_steps.append(self.step_count)
+            new = self.sharded_base.step(theta, g)
+        else:
+            new = self._update(theta, g)
         lap("optimizer")
         self._write_local(new)
         lap("param_allgather")
         self.step_count += 1
         return loss
+
+    def _swap_arrived(self) -> bool:
+        """Pipelined training ranks, at a step boundary: swap in the curvature results that
+        have arrived on every training rank (with ``max_staleness = 0``: wait for the one
+        requested at this step); whether the eigenpairs in use are then older than the bound
+        (an ESE requested ``max_staleness`` or more steps ago has not arrived, or one was in
+        flight when the state was saved)."""
+        pipeline, bound = self.pipeline, self.options.max_staleness
+        assert pipeline is not None
+        for _ in range(len(pipeline.pending) if bound == 0 else pipeline.arrived()):
+            snapshot, values, vectors, top = pipeline.take()
+            self._install(values, vectors, snapshot, top)
+            self.late_from = None
+        if self.late_from is not None and self.step_count >= self.late_from:
+            return True
+        return pipeline.late(self.step_count, bound)
 
     def _update(self, theta: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """New values of this rank's coordinates ``theta`` given the mean gradient ``g``."""
@@ -469,7 +491,18 @@ class FOSI(torch.optim.Optimizer):
             "ese_interval": self.interval,
             "movements": list(self.movements),
             "intervals": list(self.intervals),
+            "late_steps": list(self.late_steps),
+            "late_from": self._late_from_saved(),
         }
+
+    def _late_from_saved(self) -> int | None:
+        """The step from which a run resumed from this state must not use its eigenpairs: that
+        of the bound of the oldest ESE in flight (whose result a checkpoint cannot hold)."""
+        pending = [] if self.pipeline is None else self.pipeline.pending
+        steps = [p.step + self.options.max_staleness for p in pending[:1]]
+        if self.late_from is not None:
+            steps.append(self.late_from)
+        return min(steps, default=None)
 
     def _load_counters(self, state: dict[str, Any]) -> None:
         self.step_count = int(state["step_count"])
@@ -486,11 +519,16 @@ class FOSI(torch.optim.Optimizer):
         self.interval = int(state.get("ese_interval", self.options.ese_every))
         self.movements = [float(s) for s in state.get("movements", [])]
         self.intervals = [int(s) for s in state.get("intervals", [])]
+        self.late_steps = [int(s) for s in state.get("late_steps", [])]
+        late_from = state.get("late_from")
+        self.late_from = None if late_from is None else int(late_from)
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state (its coordinates of V, the velocity and the base state, plus λ
         and the counters); :meth:`load_state_dict` on the same rank of the same world size is
-        its exact inverse. A pipelined ESE still in flight is not part of it."""
+        its exact inverse. A pipelined ESE still in flight is not part of it: a run loaded from
+        it takes the base update alone from that ESE's staleness bound until the next ESE
+        arrives (``late_from``)."""
 
         def copy(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.clone()

@@ -66,7 +66,9 @@ class FOSIOptions:
     ``clip``: bound of the base-update scale λ_max/λ_k (SGD-family bases); ``hvp``: autodiff
     route; ``seed``: of the Lanczos start vectors; ``average_gradients``: FOSI averages the
     gradients over ranks itself (False when DDP already did); ``curvature_ranks``: ranks given to
-    ESE only (0: every rank does both); ``max_staleness``: steps a pipelined ESE may lag.
+    ESE only (0: every rank does both); ``max_staleness``: steps a pipelined ESE may lag (0:
+    the training ranks wait for it; more: they never wait, and take the base update alone
+    while an ESE is later than that).
     ``lanczos_tol``: Lanczos stops once the k + l wanted pairs have residuals ≤ lanczos_tol ×
     max|λ| (None: all steps). ``curvature_fraction``: below 1, the closure is called as
     ``closure(curvature_fraction)`` and returns the loss of that share of its batch

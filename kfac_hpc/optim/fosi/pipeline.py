@@ -6,9 +6,13 @@ training ranks post receives for the result, then keep training; the curvature r
 sharded Lanczos (over their own group, each on its own curvature micro-batch) and send every
 training rank its coordinates of the eigenvectors plus the eigenvalues. A training rank swaps
 the new eigenvectors in at the first step boundary at which they have arrived on every training
-rank (one allreduced flag per step while an ESE is in flight), and waits for them at step
-``t + max_staleness`` at the latest; ``max_staleness = 0`` gives exactly the synchronous
-algorithm.
+rank (one allreduced flag per ESE in flight and step). With ``max_staleness = 0`` it waits for
+them at step ``t`` (exactly the synchronous algorithm); with a bound ``S > 0`` it never waits:
+from step ``t + S`` until they arrive the caller takes the base update alone (:meth:`late`).
+Requests queue up while earlier ones are in flight; results arrive in the order requested.
+A gloo receive says it has completed only once ``wait()`` has returned, so on gloo a daemon
+thread waits for each request's receives and the step boundary reads its flag; other backends
+report completion themselves (``is_completed``).
 
 Messages are point-to-point (gloo and NCCL both have them): the eigenvalues ``(k + l,)`` padded
 with NaN when Lanczos stopped early, and for every pair of a curvature and a training rank whose
@@ -17,6 +21,7 @@ coordinate slices overlap, that ``(k + l) × overlap`` block (zero rows for miss
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -47,6 +52,41 @@ class _Pending:
     eigenvalues: torch.Tensor
     blocks: list[torch.Tensor]
     sends: list[dist.Work] = field(default_factory=list)
+    watcher: threading.Thread | None = None  # gloo: waits for ``works``, then sets ``done``
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    def watch(self) -> None:
+        """Wait for the receives in a daemon thread (gloo); :meth:`arrived` reads its flag."""
+
+        def wait() -> None:
+            try:
+                for work in self.works:
+                    work.wait()
+            except BaseException as exc:  # re-raised by CurvaturePipeline.take
+                self.error = exc
+            self.done.set()
+
+        self.watcher = threading.Thread(target=wait, name="fosi-curvature-receive", daemon=True)
+        self.watcher.start()
+
+    def arrived(self) -> bool:
+        """Whether every receive of this request has completed on this rank."""
+        if self.watcher is not None:
+            return self.done.is_set()
+        return all(w.is_completed() for w in self.works)
+
+    def wait(self) -> None:
+        """Block until every receive and send of this request has completed."""
+        if self.watcher is not None:
+            self.watcher.join()
+            if self.error is not None:
+                raise self.error
+        else:
+            for work in self.works:
+                work.wait()
+        for work in self.sends:
+            work.wait()
 
 
 class CurvaturePipeline:
@@ -71,7 +111,7 @@ class CurvaturePipeline:
             self.shard = CoordinateShard(n, curvature_ranks, rank - self.trainers, curv_group)
         else:
             self.shard = CoordinateShard(n, self.trainers, rank, train_group)
-        self.pending: _Pending | None = None
+        self.pending: list[_Pending] = []  # requested, not yet swapped in; oldest first
 
     # -- training ranks -----------------------------------------------------------------
     def request(self, step: int, flat_params: torch.Tensor) -> None:
@@ -89,30 +129,32 @@ class CurvaturePipeline:
             if hi > lo:
                 blocks.append(torch.empty(self.pairs, hi - lo, dtype=flat_params.dtype))
                 works.append(_started(dist.irecv(blocks[-1], self.trainers + j)))
-        self.pending = _Pending(step, works, eigenvalues, blocks, sends)
+        pending = _Pending(step, works, eigenvalues, blocks, sends)
+        if dist.get_backend() == "gloo":
+            pending.watch()
+        self.pending.append(pending)
 
-    def due(self, step: int, max_staleness: int) -> bool:
-        """Whether a requested result is to be swapped in at ``step`` (it has arrived, or the
-        staleness bound is reached and the caller must wait for it)."""
-        p = self.pending
-        if p is None:
-            return False
-        if step - p.step >= max_staleness:
-            return True
-        # all training ranks must swap at the same step: arrived everywhere (a MIN of flags)
-        arrived = torch.tensor([float(all(w.is_completed() for w in p.works))])
-        dist.all_reduce(arrived, op=dist.ReduceOp.MIN, group=self.shard.group)
-        return bool(arrived.item())
+    def arrived(self) -> int:
+        """How many of the oldest requests have arrived on every training rank (one MIN
+        allreduce of a flag per request in flight; none when nothing is in flight)."""
+        if not self.pending:
+            return 0
+        flags = torch.tensor([float(p.arrived()) for p in self.pending])
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self.shard.group)
+        done = flags.tolist()
+        return done.index(0.0) if 0.0 in done else len(done)
+
+    def late(self, step: int, max_staleness: int) -> bool:
+        """Whether the oldest request in flight is ``max_staleness`` or more steps old at
+        ``step``: the eigenpairs in use are older than the bound allows."""
+        return bool(self.pending) and step - self.pending[0].step >= max_staleness
 
     def take(self) -> tuple[int, torch.Tensor, torch.Tensor, int]:
-        """Wait for the pending result: (snapshot step, eigenvalues ``(K,)`` float64,
-        this rank's eigenvector coordinates ``(K, n_r)``, how many of them are of the largest),
-        ``K <= k + l``."""
-        p = self.pending
-        assert p is not None
-        for work in [*p.works, *p.sends]:
-            work.wait()
-        self.pending = None
+        """The oldest request's result, waited for: (snapshot step, eigenvalues ``(K,)``
+        float64, this rank's eigenvector coordinates ``(K, n_r)``, how many of them are of the
+        largest), ``K <= k + l``."""
+        p = self.pending.pop(0)
+        p.wait()
         values, top = p.eigenvalues[:-1], int(p.eigenvalues[-1])
         found = int((~torch.isnan(values)).sum())
         vectors = torch.cat(p.blocks, dim=1) if p.blocks else torch.empty(self.pairs, 0)

@@ -152,6 +152,7 @@ class FOSIMethod(Method):
             "ese_s": list(self.ese_s),
             "ese_staleness_steps": list(fosi.staleness),
             "ese_staleness_max": max(fosi.staleness, default=0),
+            "fosi_late_steps": len(fosi.late_steps),
             "hvp_mode_used": fosi.hvp_mode_used,
             "curvature_ranks": 0 if fosi.pipeline is None else fosi.pipeline.curvers,
             "fosi_memory_bytes": memory,

@@ -1,0 +1,127 @@
+"""Started as P = 2 or 3 real ranks by tests/optim/fosi/test_pipeline_nowait.py: pipelined FOSI
+with the last rank given to ESE and a staleness bound of 2, whose curvature rank is held up.
+
+The tiny float64 MLP of fosi_sharded.py, plain SGD (lr 0.1, no momentum: its update needs no
+state, so that the test can replay every step densely), ESEs requested at steps 1, 6 and 11 of
+0..14. The curvature rank's ESE of step 6 blocks until the file ``release`` exists, which
+training rank 0 writes only after its step 9 is done: the training ranks must get through steps
+6..9 without it (steps 8 and 9 past the bound). Nothing here is timed: where the test needs a
+result to have arrived (before steps 2 and 10, and 12 of the resumed run) the training ranks
+wait for its receives outside ``FOSI.step``. Before step 10 training rank 0 saves the full
+state (an ESE in flight) and, after the run, every rank resumes from it for steps 10..14.
+
+Each rank writes ``OUT_DIR/rank{r}.pt``: per run, the parameters before and after every step,
+the steps of every swap with the eigenpairs swapped in (V gathered whole), ``late_steps``,
+``staleness`` and ``late_from`` of the saved state.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from kfac_hpc.optim.fosi import FOSI
+from kfac_hpc.runtime import init_distributed, shutdown
+from tests.helpers.rank_checks import main_or_leave
+from tests.helpers.rank_scripts.fosi_sharded import batch, build_model, part
+
+LR = 0.1
+OPTIONS: dict[str, Any] = {"k": 2, "l": 1, "alpha": 0.05, "warmup": 1, "ese_every": 5,
+                           "max_staleness": 2, "hvp": "double-backward", "residual_tol": 1.0,
+                           "curvature_ranks": 1}  # fmt: skip
+HELD_ESE = 6  # the curvature rank's ESE that waits for the release file
+RELEASE_BEFORE = 10  # training rank 0 writes it before this step (after step 9)
+RELEASE_TIMEOUT_S = 120.0  # a training rank that waits for the held ESE never writes it
+
+
+def wait_for(path: Path) -> None:
+    """Block until ``path`` exists; raise after RELEASE_TIMEOUT_S (the training ranks waited)."""
+    deadline = time.monotonic() + RELEASE_TIMEOUT_S
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{path} never written: the training ranks waited for the ESE")
+        time.sleep(0.01)
+
+
+def wait_arrival(opt: FOSI) -> None:
+    """Wait (outside FOSI.step) until the oldest ESE in flight has arrived on this rank."""
+    assert opt.pipeline is not None
+    opt.pipeline.pending[0].done.wait()
+
+
+def train(
+    opt: FOSI, model: nn.Module, steps: range, holds: set[int], out: Path, world: int
+) -> dict[str, Any]:
+    rank, trainers = dist.get_rank(), world - 1
+    record: dict[str, Any] = {"before": [], "after": [], "installs": {}, "late_from": None}
+    vectors = opt.vectors
+    for step in steps:
+        if not opt.is_curvature_rank:
+            if step == RELEASE_BEFORE and steps.start < RELEASE_BEFORE:
+                if rank == 0:  # the state with the held ESE in flight, for the resumed run
+                    torch.save(opt.full_state_dict(), out / "state.pt")
+                    torch.save([p.detach().clone() for p in model.parameters()],
+                               out / "params.pt")  # fmt: skip
+                    (out / "release").touch()
+                else:
+                    opt.full_state_dict()  # collective over the training ranks
+            if step in holds:
+                wait_arrival(opt)
+            x, y = part(batch(step), rank, trainers)
+            model.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+        cx, cy = batch(1000 + step)
+
+        def closure(step: int = step, cx: torch.Tensor = cx, cy: torch.Tensor = cy) -> torch.Tensor:
+            if step == HELD_ESE:
+                wait_for(out / "release")
+            return nn.functional.cross_entropy(model(cx), cy)
+
+        record["before"].append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        opt.step(closure)
+        record["after"].append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        if not opt.is_curvature_rank and opt.vectors is not vectors:
+            vectors = opt.vectors
+            assert vectors is not None
+            whole = torch.stack([opt.shard.gather(row) for row in vectors])
+            record["installs"][step] = (opt.eigenvalues.clone(), opt.top, whole)
+    record["late_steps"] = list(opt.late_steps)
+    record["staleness"] = list(opt.staleness)
+    return record
+
+
+def build(model: nn.Module) -> FOSI:
+    base = torch.optim.SGD(model.parameters(), lr=LR)
+    return FOSI(model.parameters(), base, model=model, **OPTIONS)
+
+
+def main() -> None:
+    ctx = init_distributed(backend="gloo", timeout_s=600)
+    torch.set_num_threads(1)
+    world, out = dist.get_world_size(), Path(sys.argv[1])
+    model = build_model()
+    results = {"run": train(build(model), model, range(15), {2, 10}, out, world)}
+    dist.barrier()  # the saved state is written
+    state = torch.load(out / "state.pt")
+    model = build_model()
+    with torch.no_grad():
+        for p, value in zip(model.parameters(), torch.load(out / "params.pt"), strict=True):
+            p.copy_(value)
+    opt = build(model)
+    opt.load_full_state_dict(state)
+    results["resumed"] = train(opt, model, range(10, 15), {12}, out, world)
+    results["resumed"]["late_from"] = state["late_from"]
+    results["curvature_rank"] = opt.is_curvature_rank
+    torch.save({"world_size": world, "rank": ctx.rank, "results": results},
+               out / f"rank{ctx.rank}.pt")  # fmt: skip
+    shutdown()
+
+
+if __name__ == "__main__":
+    main_or_leave(main)
