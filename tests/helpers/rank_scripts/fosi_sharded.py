@@ -6,6 +6,7 @@ parameter groups, weight decay in one) with FOSI on its slice of fixed global ba
 configuration. It saves the parameters after every step, the eigenvalues, ``memory_usage()``
 and the staleness record to ``OUT_DIR/{TAG}_rank{r}.pt``; rank 0 also writes the parameters and
 the full FOSI state at the end to ``OUT_DIR/{TAG}/{config}.h5`` (kfac_hpc.checkpoint.hdf5_tree).
+Pipelined configurations also save ``late_steps`` (base update alone: the ESE was late).
 With ``RESUME=dir`` every rank first loads those files (saved at any world size) and continues.
 
 Pipelined configurations give the last ranks to ESE (``curvature_ranks``; staleness bound 0,
@@ -115,6 +116,7 @@ def run(name: str, world: int, rank: int, resume: Path | None) -> dict[str, Any]
         "eigenvalues": opt.eigenvalues,
         "memory": opt.memory_usage(),
         "staleness": opt.staleness,
+        "late_steps": opt.late_steps,
         "curvature_rank": opt.is_curvature_rank,
         "full_state": full,
     }

@@ -4,7 +4,8 @@ Real processes (mpiexec, gloo) run tests/helpers/rank_scripts/fosi_sharded.py at
 4: a float64
 MLP of 53 parameters (divisible by none of 2, 3, 4), two ESEs in six steps, SGD (momentum,
 weight decay in one group) and Adam bases, and SGD with pipelined curvature ranks (staleness 0,
-and a bound of 2 steps; P = 2, 3, 4 give 1, 1, 2 of their ranks to ESE).
+and a bound of 2 steps, past which the training ranks take the base update instead of waiting;
+P = 2, 3, 4 give 1, 1, 2 of their ranks to ESE).
 
 Tolerance (float64): parameters after every step agree with P = 1 to
 ``|Δ| <= 1e-10 · max|reference|`` (observed about 1e-15). Checkpoints: the full state written
@@ -25,6 +26,7 @@ import torch
 from kfac_hpc.checkpoint.hdf5_tree import read_tree
 from tests.conftest import run_mpi
 from tests.helpers.launch import RANK_SCRIPTS
+from tests.helpers.rank_scripts.fosi_sharded import STEPS
 
 pytestmark = pytest.mark.mpi
 
@@ -78,16 +80,24 @@ def test_sharded_steps_equal_single_process(world_size: int, out_dir: Path) -> N
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_pipelined_staleness_is_bounded_and_recorded(world_size: int, out_dir: Path) -> None:
+def test_pipelined_staleness_is_recorded_and_late_steps_take_the_base(
+    world_size: int, out_dir: Path
+) -> None:
     ranks = [r["sgd_pipelined_stale"] for r in run(f"p{world_size}", world_size, out_dir)]
     training = [r for r in ranks if not r["curvature_rank"]]
     assert len(training) == world_size // 2
+    requests, bound = [1, 4], 2  # ESEs at steps 1 and 4 of 0..5; either may be in flight
     for results in training:
-        # ESEs at steps 1 and 4 of 0..5: the second may still be in flight at the end
-        assert 1 <= len(results["staleness"]) <= 2
-        assert all(0 <= s <= 2 for s in results["staleness"])
-        assert results["staleness"] == training[0]["staleness"]  # swapped at one step boundary
-        assert len(results["eigenvalues"]) == 4
+        staleness = results["staleness"]
+        assert len(staleness) <= 2 and all(s >= 0 for s in staleness)
+        swaps = [t + s for t, s in zip(requests, staleness, strict=False)]
+        swaps += [STEPS] * (len(requests) - len(swaps))  # never swapped in: late to the end
+        # late: the steps at which an ESE had been in flight for the bound or longer
+        late = sorted({s for t, w in zip(requests, swaps, strict=True)
+                       for s in range(t + bound, min(w, STEPS))})  # fmt: skip
+        assert results["late_steps"] == late
+        assert staleness == training[0]["staleness"]  # swapped at one step boundary
+        assert results["late_steps"] == training[0]["late_steps"]
     for results in ranks:
         assert all(torch.isfinite(p).all() for p in results["params"])
 
