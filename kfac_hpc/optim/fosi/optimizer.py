@@ -541,6 +541,7 @@ class FOSI(torch.optim.Optimizer):
             "eigenvalues": self.eigenvalues.clone(),
             "eigenvectors": copy(self.vectors),
             "velocity": copy(self.velocity),
+            **self._movement_basis(copy),
             "base": None
             if self.sharded_base is None
             else _cloned(self.sharded_base.optimizer.state_dict()),
@@ -560,10 +561,29 @@ class FOSI(torch.optim.Optimizer):
         self.eigenvalues = state["eigenvalues"].clone()
         vectors, velocity = state["eigenvectors"], state["velocity"]
         self.vectors = None if vectors is None else vectors.clone()
-        self._last_estimate = self.vectors
+        self._load_movement_basis(state, lambda t: t.clone())
         self.velocity = None if velocity is None else velocity.clone()
         if self.sharded_base is not None:
             self.sharded_base.optimizer.load_state_dict(_cloned(state["base"]))
+
+    def _movement_basis(
+        self, save: Callable[[torch.Tensor], torch.Tensor | None]
+    ) -> dict[str, Any]:
+        """The V the next ESE's subspace movement is measured from (ese_interval.py): the
+        eigenvectors in use, or (after an ESE the check rejected, or set_spectrum) another."""
+        current = self._last_estimate is self.vectors
+        basis = None if current or self._last_estimate is None else save(self._last_estimate)
+        return {"movement_basis_is_current": current, "movement_basis": basis}
+
+    def _load_movement_basis(
+        self, state: dict[str, Any], load: Callable[[torch.Tensor], torch.Tensor]
+    ) -> None:
+        """Inverse of :meth:`_movement_basis` (older states: the eigenvectors)."""
+        basis = state.get("movement_basis")
+        if state.get("movement_basis_is_current", True):
+            self._last_estimate = self.vectors
+        else:
+            self._last_estimate = None if basis is None else load(basis)
 
     def full_state_dict(self) -> dict[str, Any]:
         """The whole state with every vector gathered over all coordinates (collective on
@@ -585,6 +605,7 @@ class FOSI(torch.optim.Optimizer):
             "eigenvalues": self.eigenvalues.clone(),
             "eigenvectors": whole(self.vectors) if training else None,
             "velocity": whole(self.velocity) if training else None,
+            **self._movement_basis(whole if training else lambda t: None),
             "base": self.sharded_base.full_state() if self.sharded_base is not None else None,
         }
 
@@ -606,7 +627,7 @@ class FOSI(torch.optim.Optimizer):
         dtype = self.params[0].dtype
         vectors, velocity = state["eigenvectors"], state["velocity"]
         self.vectors = None if vectors is None else self.shard.local(vectors).to(dtype).clone()
-        self._last_estimate = self.vectors
+        self._load_movement_basis(state, lambda t: self.shard.local(t).to(dtype).clone())
         self.velocity = None if velocity is None else self.shard.local(velocity).to(dtype).clone()
         if self.sharded_base is not None and state["base"] is not None:
             self.sharded_base.load_full_state(state["base"])

@@ -1,14 +1,21 @@
 """The adaptive ESE interval (``adaptive_ese``): the subspace movement against scipy's principal
-angles, the interval rule, and FOSI's schedule on a Hessian that stays put and then moves."""
+angles, the interval rule, and FOSI's schedule on a Hessian that stays put and then moves; a run
+interrupted after an ESE the check rejected resumes (state_dict, and full_state_dict through
+HDF5) with the schedule, the movements and the parameters of the uninterrupted run."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import h5py
 import numpy as np
 import pytest
 import scipy.linalg
 import torch
 from torch import nn
 
+from kfac_hpc.checkpoint.hdf5_tree import read_tree, write_tree
 from kfac_hpc.optim.fosi import FOSI
 from kfac_hpc.optim.fosi.ese_interval import LONGEST, next_interval, subspace_movement
 from kfac_hpc.optim.fosi.options import FOSIOptions
@@ -96,6 +103,58 @@ def test_the_schedule_is_part_of_the_state() -> None:
     again.load_state_dict(state)
     assert (again.next_ese, again.interval) == (opt.next_ese, opt.interval) == (37, 20)
     assert again.intervals == opt.intervals and again.movements == opt.movements
+
+
+def _rejecting() -> tuple[FOSI, nn.Linear]:
+    """FOSI whose every subspace step overshoots (α = 3 with no velocity averaging: thrice the
+    Newton step) so that the ESE check rejects every ESE; SGD moves the parameters."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1, bias=False).double()
+    base = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = FOSI(model.parameters(), base, k=2, alpha=3.0, momentum=0.0, ese_every=5, warmup=2,
+               lanczos_iters=8, model=model, hvp="double-backward", adaptive_ese=True)  # fmt: skip
+    return opt, model
+
+
+def _quadratic(opt: FOSI, model: nn.Linear, steps: range) -> list[int]:
+    """``steps`` on ½ wᵀAw, A = diag(9, 8, 1, ...): the steps of the ESEs."""
+    a = torch.diag(torch.tensor([9.0, 8.0, 1.0, 0.9, 0.8, 0.7, 0.6, 0.5], dtype=torch.float64))
+    w, at = model.weight, []
+    for step in steps:
+        w.grad = (w @ a).detach()
+        count = opt.ese_count
+        opt.step(lambda: 0.5 * (w @ a @ w.T).sum())
+        if opt.ese_count > count:
+            at.append(step)
+    return at
+
+
+@pytest.mark.parametrize("how", ["state_dict", "full_state_dict"])
+def test_a_resume_after_a_rejected_ese_keeps_the_movement_basis(how: str, tmp_path: Path) -> None:
+    straight, model = _rejecting()
+    at = _quadratic(straight, model, range(80))
+    assert at == [2, 7, 17, 37, 77] and straight.rejected_at == at  # every ESE rejected
+    assert straight.intervals == [5, 10, 20, 40, 40] and len(straight.movements) == 4
+
+    first, model_a = _rejecting()
+    at_a = _quadratic(first, model_a, range(25))  # stopped after the rejected ESE of step 17
+    assert first.vectors is None
+    state: dict[str, Any]
+    if how == "state_dict":
+        state = first.state_dict()
+    else:
+        with h5py.File(tmp_path / "fosi.h5", "w") as f:
+            write_tree(f, {"fosi": first.full_state_dict()})
+        with h5py.File(tmp_path / "fosi.h5", "r") as f:
+            state = read_tree(f)["fosi"]
+    resumed, model_b = _rejecting()
+    with torch.no_grad():
+        model_b.weight.copy_(model_a.weight)
+    getattr(resumed, "load_" + how)(state)
+    at_b = _quadratic(resumed, model_b, range(25, 80))
+    assert at_a + at_b == at
+    assert resumed.intervals == straight.intervals and resumed.movements == straight.movements
+    assert torch.equal(model_b.weight, model.weight)
 
 
 def test_adaptive_ese_with_curvature_ranks_is_refused_by_name() -> None:
