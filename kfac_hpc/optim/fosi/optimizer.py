@@ -292,7 +292,6 @@ class FOSI(torch.optim.Optimizer):
         for _ in range(len(pipeline.pending) if bound == 0 else pipeline.arrived()):
             snapshot, values, vectors, top = pipeline.take()
             self._install(values, vectors, snapshot, top)
-            self.late_from = None
         if self.late_from is not None and self.step_count >= self.late_from:
             return True
         return pipeline.late(self.step_count, bound)
@@ -456,6 +455,7 @@ class FOSI(torch.optim.Optimizer):
         if self.velocity is None:
             self.velocity = torch.zeros(self.shard.size, dtype=dtype)
         self.staleness.append(self.step_count - snapshot_step)
+        self.late_from = None  # a lost ESE's bound no longer matters
 
     def set_spectrum(self, eigenvalues: torch.Tensor, vectors: torch.Tensor) -> None:
         """Use these eigenpairs from now on: ``eigenvalues`` ``(K,)`` largest first, ``vectors``
