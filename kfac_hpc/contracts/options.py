@@ -524,7 +524,7 @@ FOSI_OPTIONS: tuple[Option, ...] = (
     _f(
         "fosi_reorthogonalize",
         "str",
-        "full",
+        "partial",
         "keep the Lanczos basis orthogonal at every step (full) or only where an estimate of "
         "its inner products says it drifts past sqrt(eps) (partial: the same eigenvalues, far "
         "fewer passes over the basis)",

@@ -105,9 +105,15 @@ class NonFiniteCurvature(ArithmeticError):
         self.in_gradient = in_gradient
 
 
+def _local_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ⟨a, b⟩: BLAS ``dot`` in float64 (one pass, no temporary); in a
+    narrower dtype the product's cascaded sum, which rounds less than a narrow ``dot``."""
+    return torch.dot(a, b) if a.dtype == torch.float64 else (a * b).sum()
+
+
 def _dot(shard: CoordinateShard, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """⟨a, b⟩ over all coordinates (one allreduced number)."""
-    return shard.allreduce((a * b).sum().reshape(1))[0]
+    return shard.allreduce(_local_dot(a, b).reshape(1))[0]
 
 
 def _start_vector(shard: CoordinateShard, seed: int) -> torch.Tensor:
@@ -244,6 +250,7 @@ def lanczos_extremes(
     start: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
     reorthogonalize: str = "full",
+    product_dtype: torch.dtype | None = None,
 ) -> ExtremeSpectrum:
     """Lanczos on the symmetric operator ``hvp`` (local float64 ``(n_r,)`` slice in, the same
     slice of ``H v`` out; it may communicate) for ``iterations`` steps, or fewer with
@@ -253,7 +260,9 @@ def lanczos_extremes(
     None: the random one of ``seed``. ``dtype``: of the basis, the vectors ``hvp`` takes and
     returns, and the Ritz vectors (float32 halves the bytes the reorthogonalization reads); the
     recurrence's coefficients, the tridiagonal matrix and its eigenproblem are float64 always.
-    ``reorthogonalize``: ``"full"`` or ``"partial"`` (module docstring).
+    ``reorthogonalize``: ``"full"`` or ``"partial"`` (module docstring); ``product_dtype``: the
+    dtype ``hvp`` computes in, when narrower than the basis (its rounding is what the partial
+    scheme's estimates must follow; None: the basis' dtype).
 
     Needs ``k + l <= iterations <= n``. Raises :class:`NonFiniteCurvature` when a product is
     not finite.
@@ -264,23 +273,27 @@ def lanczos_extremes(
             + ", ".join(REORTHOGONALIZATIONS)
         )
     m = iterations
-    basis = torch.zeros(m, shard.size, dtype=dtype)
+    basis = torch.empty(m, shard.size, dtype=dtype)  # a row is written before it is read
     alphas = torch.zeros(m, dtype=torch.float64)
     betas = torch.zeros(m, dtype=torch.float64)
-    q = (_start_vector(shard, seed) if start is None else start).to(dtype).clone()
+    basis[0] = _start_vector(shard, seed) if start is None else start
     eps = torch.finfo(dtype).eps / 2  # unit roundoff
     # a residual below this fraction of |H| is rounding noise of the basis' dtype
     breakdown = max(_BREAKDOWN, 200 * eps)
-    estimate = _OrthogonalityEstimate(m, eps) if reorthogonalize == "partial" else None
+    # the basis loses orthogonality at the rounding of the products or of the basis, the larger
+    rounding = max(eps, torch.finfo(product_dtype or dtype).eps / 2)
+    estimate = _OrthogonalityEstimate(m, rounding) if reorthogonalize == "partial" else None
     steps = m
     last_beta = 0.0  # β_m: the norm of the residual left after the last step
     scale = 0.0  # the largest |H q| so far
     passes = 0  # steps whose new vector was reorthogonalized
     again = False  # partial: the previous step passed, so this one does too
     for j in range(m):
-        basis[j] = q
+        q = basis[j]
         w = hvp(q)
-        sums = shard.allreduce(torch.stack([(w * q).sum(), (w * w).sum()]))  # ⟨Hq, q⟩, |Hq|²
+        if w.data_ptr() == q.data_ptr():  # an operator may hand back its input
+            w = w.clone()
+        sums = shard.allreduce(torch.stack([_local_dot(w, q), _local_dot(w, w)]))  # ⟨Hq,q⟩, |Hq|²
         sums = sums.to(torch.float64)
         alphas[j] = sums[0]
         length = sums[1].sqrt().item()
@@ -289,16 +302,16 @@ def lanczos_extremes(
                 f"Lanczos step {j + 1}: the Hessian-vector product is not finite (NaN or inf)"
             )
         scale = max(scale, length)
-        w -= alphas[j] * q  # the three-term recurrence first (O(n) per rank) ...
+        w.add_(q, alpha=-alphas[j].item())  # the three-term recurrence first (O(n)) ...
         if j > 0:
-            w -= betas[j - 1] * basis[j - 1]
+            w.add_(basis[j - 1], alpha=-betas[j - 1].item())
         if estimate is None:  # ... then full reorthogonalization ...
             beta = _reorthogonalize(shard, basis[: j + 1], w)
             passes += 1
         else:  # ... or only where the estimates say the basis is losing orthogonality
             beta = _dot(shard, w, w).sqrt()
             lost = beta.item() > 0 and (
-                estimate.advance(j, alphas, betas, beta.item(), scale) > math.sqrt(eps)
+                estimate.advance(j, alphas, betas, beta.item(), scale) > math.sqrt(rounding)
             )
             if again or lost:
                 beta = _reorthogonalize(shard, basis[: j + 1], w)
@@ -315,7 +328,7 @@ def lanczos_extremes(
             last_beta = float(beta) if beta.item() > breakdown * scale else 0.0
             break
         betas[j] = beta
-        q = w / beta
+        torch.div(w, beta, out=basis[j + 1])
     ritz, rotation = tridiagonal_eigh(alphas[:steps], betas[: steps - 1])
     index, take = _extreme_index(steps, k, l)
     vectors = rotation[:, index].T.to(dtype) @ basis[:steps]

@@ -404,6 +404,7 @@ class FOSI(torch.optim.Optimizer):
                 start,
                 basis_dtype,
                 o.reorthogonalize,
+                dtype,
             )
         except NonFiniteCurvature as exc:
             loss = float("nan") if hvp.loss is None else float(hvp.loss)

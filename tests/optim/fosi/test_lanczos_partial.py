@@ -106,6 +106,26 @@ def test_partial_finds_the_extremes_of_full_and_of_the_dense_oracle(dtype: torch
     assert float(residual.max()) < (1e-3 if dtype == torch.float32 else 1e-6) * 50
 
 
+def test_partial_follows_the_rounding_of_narrower_products() -> None:
+    """Products in float32 on a float64 basis (FOSI's float32 model with the default basis):
+    the basis loses orthogonality at float32's rounding, so the estimates must follow that
+    (``product_dtype``); the Ritz values then equal full's to the float32 bound."""
+    matrix, mu = matrix_and_spectrum()
+    single = matrix.float()
+
+    def hvp(v: Tensor) -> Tensor:
+        return (single @ v.float()).double()
+
+    shard = CoordinateShard(N, 1, 0)
+    full = lanczos_extremes(hvp, shard, K, L, STEPS, 0)
+    partial = lanczos_extremes(hvp, shard, K, L, STEPS, 0, reorthogonalize="partial",
+                               product_dtype=torch.float32)  # fmt: skip
+    assert 0 < partial.reorthogonalized < STEPS
+    tol = EIGENVALUE_TOL[torch.float32]
+    torch.testing.assert_close(partial.eigenvalues, full.eigenvalues, rtol=0, atol=tol)
+    torch.testing.assert_close(partial.eigenvalues, mu[_index(K, L)], rtol=0, atol=tol)
+
+
 def test_no_pass_while_no_pair_has_converged() -> None:
     """A few steps into a bulk-only spectrum nothing converges, the basis stays orthogonal by
     itself, and partial makes no pass at all (full makes one per step)."""
