@@ -32,10 +32,12 @@ ranks (``mpiexec``), one job after the other, each running the same workload:
   reduce-scatter and all-gather (P - 1)/P of the full vector).
 
 ``--ese-variants`` measures instead, side by side in one run (interleaved rounds), the ESE's
-share of the step time at ``ese_every = 100`` with today's defaults and with the cheaper ESE
-(``CHEAP``: HVPs on the leading quarter of the curvature batch, Lanczos warm-started from the
-previous V and stopped once the pairs converged, ``lanczos_tol`` = ``residual_tol``), with the
-Lanczos basis in float32 (``f32``: ``lanczos_dtype="training"``) and with both; the share is
+share of the step time at ``ese_every = 100`` with full reorthogonalization (``full``: the
+defaults before 2026-12-02) and with the cheaper ESE (``CHEAP``: HVPs on the leading quarter of
+the curvature batch, Lanczos warm-started from the previous V and stopped once the pairs
+converged, ``lanczos_tol`` = ``residual_tol``), with the Lanczos basis in float32 (``f32``:
+``lanczos_dtype="training"``), with both, and each of these with partial reorthogonalization
+(``partial``: today's default); the share is
 also given at 800 steps, the adaptive schedule's longest interval (8 x 100): per round
 and variant a FOSI runs an ESE, two plain steps and a second ESE (the one timed: the warm start
 has a previous V), then five timed plain steps; at P = 1, 2 and 4 (``--world-sizes``). Target:
@@ -84,11 +86,15 @@ SMALL_BYTES = 4096
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "small_all_reduce")
 # --ese-variants: FOSI's options per variant, and the target on the ESE's share of step time
 CHEAP: dict[str, Any] = {"curvature_fraction": 0.25, "warm_start": True, "lanczos_tol": 0.01}
+FULL: dict[str, Any] = {"reorthogonalize": "full"}  # the default before 2026-12-02
 ESE_VARIANTS: dict[str, dict[str, Any]] = {
-    "defaults": {},
-    "cheap": CHEAP,
-    "f32": {"lanczos_dtype": "training"},
-    "f32+cheap": {**CHEAP, "lanczos_dtype": "training"},
+    "full": FULL,
+    "cheap": {**CHEAP, **FULL},
+    "f32": {"lanczos_dtype": "training", **FULL},
+    "f32+cheap": {**CHEAP, "lanczos_dtype": "training", **FULL},
+    "partial": {},  # today's defaults
+    "f32+partial": {"lanczos_dtype": "training"},
+    "f32+cheap+partial": {**CHEAP, "lanczos_dtype": "training"},
 }
 # the adaptive schedule's longest interval (kfac_hpc.optim.fosi.ese_interval.LONGEST x 100):
 # the share there is the least the adaptive schedule can reach on a still subspace
@@ -215,7 +221,8 @@ def measure_ese_variants(rank: int, rounds_count: int) -> dict[str, list[dict[st
             opt.step(closure)
             step_s.append(time.perf_counter() - started)
         return {"ese_s": ese_s, "lanczos_steps": steps, "step_s": statistics.median(step_s),
-                "first_rejected": float(bool(opt.rejected_at))}  # fmt: skip
+                "first_rejected": float(bool(opt.rejected_at)),
+                "reorthogonalized": opt.last_reorthogonalized}  # fmt: skip
 
     return harness.interleave(
         {name: functools.partial(one, name) for name in ESE_VARIANTS}, rounds_count
@@ -239,6 +246,7 @@ def summarise_variants(job: dict[str, Any]) -> dict[str, Any]:
             "ese_share_at_interval": harness.stats(share),
             "ese_share_at_longest": harness.stats(longest),
             "lanczos_steps": [int(rnd[0]["lanczos_steps"]) for rnd in per_round],
+            "reorthogonalized": [int(rnd[0]["reorthogonalized"]) for rnd in per_round],
             # whether the ESE check dropped the first subspace (the second ESE then started cold)
             "first_rejected": [bool(rnd[0].get("first_rejected")) for rnd in per_round],
             "rounds": len(per_round),
@@ -247,20 +255,20 @@ def summarise_variants(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def report_variants(jobs: list[dict[str, Any]]) -> None:
-    print(f"ESE share of step time at ese_every = {ESE_EVERY}, defaults vs cheap "
+    print(f"ESE share of step time at ese_every = {ESE_EVERY}, full vs cheap "
           f"({ESE_VARIANTS['cheap']}); MLP 2.1 M parameters, k = 10, curvature batch 64 per "
           "rank, gloo on CPU; median (min..max) over rounds, slowest rank")  # fmt: skip
-    print(f"{'P':>2} {'variant':<9} {'ESE s':>22} {'step s':>24} {'ESE share':>22} "
-          f"Lanczos steps  ESE vs defaults  share at {ESE_EVERY_LONGEST}")  # fmt: skip
+    print(f"{'P':>2} {'variant':<17} {'ESE s':>22} {'step s':>24} {'ESE share':>22} "
+          f"Lanczos steps (passes)  ESE vs full  share at {ESE_EVERY_LONGEST}")  # fmt: skip
     for job in jobs:
-        base = job["defaults"]["ese_s"]["median"]
+        base = job["full"]["ese_s"]["median"]
         for name in ESE_VARIANTS:
             v = job[name]
             e, s, sh = v["ese_s"], v["step_s"], v["ese_share_at_interval"]
-            print(f"{job['world_size']:>2} {name:<9} {e['median']:>7.3f} ({e['min']:.3f}.."
+            print(f"{job['world_size']:>2} {name:<17} {e['median']:>7.3f} ({e['min']:.3f}.."
                   f"{e['max']:.3f}) {s['median']:>8.4f} ({s['min']:.4f}..{s['max']:.4f})"
                   f" {sh['median'] * 100:>6.1f} % ({sh['min'] * 100:.1f}..{sh['max'] * 100:.1f})"
-                  f" {v['lanczos_steps']}  {e['median'] / base:.2f}x"
+                  f" {v['lanczos_steps']} ({v['reorthogonalized']})  {e['median'] / base:.2f}x"
                   f"  {v['ese_share_at_longest']['median'] * 100:.1f} %")  # fmt: skip
 
 
@@ -474,7 +482,9 @@ def report_comm(jobs: list[dict[str, Any]]) -> None:
 def main() -> int:
     parser = harness.parser(__doc__, rounds=ROUNDS)
     parser.add_argument(
-        "--ese-variants", action="store_true", help="ESE share: defaults vs the cheaper ESE"
+        "--ese-variants",
+        action="store_true",
+        help="ESE share: full reorthogonalization vs cheaper ESEs",
     )
     parser.add_argument("--world-sizes", help="comma-separated rank counts (default 1,2,4)")
     args = parser.parse_args()

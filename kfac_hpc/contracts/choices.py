@@ -12,6 +12,7 @@ import enum
 __all__ = [
     "HVP_MODES",
     "LANCZOS_DTYPES",
+    "REORTHOGONALIZATIONS",
     "AssignmentStrategy",
     "ComputeMethod",
     "DampingMode",
@@ -70,6 +71,9 @@ HVP_MODES: tuple[str, ...] = ("auto", "forward-over-reverse", "double-backward")
 # The dtype of FOSI's Lanczos basis and Ritz vectors: float64, or the parameters' own ("training";
 # the tridiagonal matrix and its eigenproblem stay float64 either way: optim/fosi/lanczos.py).
 LANCZOS_DTYPES: tuple[str, ...] = ("float64", "training")
+# How FOSI's Lanczos keeps its basis orthogonal: at every step, or only where an estimate of the
+# basis' inner products says it is needed (optim/fosi/lanczos.py).
+REORTHOGONALIZATIONS: tuple[str, ...] = ("full", "partial")
 
 
 def values(choices: type[enum.Enum]) -> tuple[str, ...]:

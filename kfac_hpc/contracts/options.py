@@ -21,6 +21,7 @@ from typing import Any
 from kfac_hpc.contracts.choices import (
     HVP_MODES,
     LANCZOS_DTYPES,
+    REORTHOGONALIZATIONS,
     AssignmentStrategy,
     ComputeMethod,
     KFACApprox,
@@ -522,6 +523,15 @@ FOSI_OPTIONS: tuple[Option, ...] = (
         choices=LANCZOS_DTYPES,
     ),
     _f(
+        "fosi_reorthogonalize",
+        "str",
+        "partial",
+        "keep the Lanczos basis orthogonal at every step (full) or only where an estimate of "
+        "its inner products says it drifts past sqrt(eps) (partial: the same eigenvalues, far "
+        "fewer passes over the basis)",
+        choices=REORTHOGONALIZATIONS,
+    ),
+    _f(
         "fosi_nonfinite_stop",
         "bool",
         True,
@@ -772,6 +782,7 @@ LIBRARY_PARAMETERS: dict[str, dict[str, str]] = {
         "nonfinite_stop": "fosi_nonfinite_stop",
         "adaptive_ese": "fosi_adaptive_ese",
         "lanczos_dtype": "fosi_lanczos_dtype",
+        "reorthogonalize": "fosi_reorthogonalize",
     },
 }
 # The library's parameters that are not options of the job, and why: method -> {parameter: why}.

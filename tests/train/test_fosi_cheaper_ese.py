@@ -79,3 +79,24 @@ def test_an_unknown_lanczos_dtype_exits_2_naming_the_flag(tmp_path):
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "--fosi-lanczos-dtype" in lines[0], result.output
     assert not run.exists()
+
+
+def test_partial_reorthogonalization_is_recorded_in_run_json(tmp_path):
+    run = tmp_path / "run"
+    result = _train(run, *MLP, *RUN, "--fosi-reorthogonalize", "partial")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((run / "run.json").read_text())
+    assert summary["fosi_reorthogonalize"] == "partial"
+    steps = summary["fosi_lanczos_steps"]
+    assert 0 <= summary["fosi_reorthogonalized_steps"] < steps == 8
+    assert validate_run_dir(run) == []
+
+
+def test_an_unknown_reorthogonalization_exits_2_naming_the_flag(tmp_path):
+    run = tmp_path / "run"
+    result = _train(run, *MLP, *RUN, "--fosi-reorthogonalize", "some")
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "--fosi-reorthogonalize" in lines[0], result.output
+    assert "full, partial" in lines[0]
+    assert not run.exists()

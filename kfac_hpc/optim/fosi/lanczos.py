@@ -1,4 +1,5 @@
-"""Extreme-spectrum estimation (ESE): Lanczos with full reorthogonalization, sharded basis.
+"""Extreme-spectrum estimation (ESE): Lanczos with full or partial reorthogonalization,
+sharded basis.
 
 The basis ``Q`` (m × n) is kept in float64 (or the training dtype: ``dtype``) and sharded over
 coordinates like everything else
@@ -10,6 +11,16 @@ much of the vector: the DGKS criterion, which keeps the basis orthogonal to roun
 half the cost of always passing twice). The tridiagonal matrix is the same on every rank; its
 eigenpairs (float64) give the Ritz values and, with the local basis, each rank's slice of the
 Ritz vectors.
+
+Reorthogonalization (``reorthogonalize``): ``"full"`` passes at every step, reading the whole
+basis once or twice per step, which dominates the ESE on large models. ``"partial"`` keeps the
+basis semi-orthogonal instead (every ``|q_i · q_j|`` below √ε, ε the unit roundoff of the
+basis' dtype), which is enough for the tridiagonal matrix to be the projection of H to working
+accuracy, so the Ritz values are as accurate as with full reorthogonalization (Simon, 1984). It
+estimates the inner products of the new vector with the basis by a recurrence on the Lanczos
+coefficients alone (:class:`_OrthogonalityEstimate`: O(j) numbers a step, no reads of the basis,
+the same on every rank) and passes, at that step and the next, only when an estimate exceeds
+√ε: a few passes in a run where the wanted pairs converge, none before.
 
 Breakdown: when the residual is rounding noise relative to the largest ``|H q|`` seen (the
 Krylov space is invariant: H has fewer distinct eigenvalues than the steps asked, or the start
@@ -27,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kfac_hpc.contracts.choices import REORTHOGONALIZATIONS
 from kfac_hpc.optim.fosi.sharding import CoordinateShard
 
 __all__ = [
@@ -59,7 +71,9 @@ class ExtremeSpectrum:
     ``basis_bytes``: bytes of this rank's Lanczos basis; ``residuals``: float64 ``(k + l,)``,
     ‖H v − λ v‖ of each pair (|β_m| times the last coordinate of its eigenvector of the
     tridiagonal matrix: exact with a fully reorthogonalized basis, no extra product); ``top``:
-    how many of the pairs are of the largest (the rest are of the smallest).
+    how many of the pairs are of the largest (the rest are of the smallest);
+    ``reorthogonalized``: the Lanczos steps whose new vector was reorthogonalized against the
+    basis (every step with ``"full"``).
     """
 
     eigenvalues: torch.Tensor
@@ -68,6 +82,7 @@ class ExtremeSpectrum:
     basis_bytes: int
     residuals: torch.Tensor
     top: int
+    reorthogonalized: int
 
 
 class NonFiniteCurvature(ArithmeticError):
@@ -90,9 +105,15 @@ class NonFiniteCurvature(ArithmeticError):
         self.in_gradient = in_gradient
 
 
+def _local_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ⟨a, b⟩: BLAS ``dot`` in float64 (one pass, no temporary); in a
+    narrower dtype the product's cascaded sum, which rounds less than a narrow ``dot``."""
+    return torch.dot(a, b) if a.dtype == torch.float64 else (a * b).sum()
+
+
 def _dot(shard: CoordinateShard, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """⟨a, b⟩ over all coordinates (one allreduced number)."""
-    return shard.allreduce((a * b).sum().reshape(1))[0]
+    return shard.allreduce(_local_dot(a, b).reshape(1))[0]
 
 
 def _start_vector(shard: CoordinateShard, seed: int) -> torch.Tensor:
@@ -161,6 +182,63 @@ def _converged(
     return bool((residuals <= tol * float(ritz.abs().max())).all())
 
 
+class _OrthogonalityEstimate:
+    """Estimates ω_{j+1,i} ≈ q_{j+1} · q_i of the next Lanczos vector against the basis, from
+    the coefficients alone (Simon's recurrence, from H q_i = β_i q_{i+1} + α_i q_i +
+    β_{i-1} q_{i-1} written for i and j and the symmetry of H):
+
+        β_j ω_{j+1,i} = β_i ω_{j,i+1} + (α_i − α_j) ω_{j,i} + β_{i-1} ω_{j,i-1} − β_{j-1} ω_{j-1,i}
+
+    plus, with the sign of the sum, the rounding a step adds (2 ε ‖H‖, ‖H‖ estimated by the
+    largest ``|H q|`` so far); ``ω_{j+1,j}`` is the three-term recurrence's own rounding,
+    ε ‖H‖ / β_j, and ``ω_{j,j} = 1``. Float64 numbers, identical on every rank."""
+
+    def __init__(self, steps: int, unit_roundoff: float) -> None:
+        self.eps = unit_roundoff
+        self.previous = torch.zeros(steps + 1, dtype=torch.float64)  # ω_{j-1, ·}
+        self.current = torch.zeros(steps + 1, dtype=torch.float64)  # ω_{j, ·}
+        self.current[0] = 1.0
+
+    def advance(self, j: int, alphas: torch.Tensor, betas: torch.Tensor, beta: float,
+                scale: float) -> float:  # fmt: skip
+        """ω_{j+1, 0..j} from step ``j``'s coefficients (``betas[:j]`` and the new ``beta``
+        = β_j); returns the largest |ω_{j+1,i}| for i < j (i = j is local, always small)."""
+        new = torch.zeros_like(self.current)
+        if j > 0:
+            lower = torch.cat([torch.zeros(1, dtype=torch.float64), betas[: j - 1]])  # β_{i-1}
+            left = torch.cat([torch.zeros(1, dtype=torch.float64), self.current[: j - 1]])
+            total = (
+                betas[:j] * self.current[1 : j + 1]
+                + (alphas[:j] - alphas[j]) * self.current[:j]
+                + lower * left
+                - betas[j - 1] * self.previous[:j]
+            )
+            noise = 2 * self.eps * scale
+            new[:j] = (total + torch.where(total >= 0, noise, -noise)) / beta
+        new[j] = self.eps * scale / beta
+        new[j + 1] = 1.0
+        self.previous, self.current = self.current, new
+        return float(new[:j].abs().max()) if j > 0 else 0.0
+
+    def reset(self, j: int) -> None:
+        """The vector ``q_{j+1}`` was just reorthogonalized: orthogonal to rounding."""
+        self.current[: j + 1] = self.eps
+
+
+def _reorthogonalize(shard: CoordinateShard, basis: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``w`` made orthogonal to the rows of ``basis`` (in place; classical Gram-Schmidt,
+    repeated once when the pass removed much: DGKS); returns its new norm."""
+    norm = _dot(shard, w, w).sqrt()
+    for _ in range(2):
+        coeffs = shard.allreduce(basis @ w)
+        w -= coeffs @ basis
+        beta = _dot(shard, w, w).sqrt()
+        if beta > _DGKS * norm:  # Daniel-Gragg-Kaufman-Stewart: orthogonal to rounding
+            break
+        norm = beta
+    return beta
+
+
 def lanczos_extremes(
     hvp: Callable[[torch.Tensor], torch.Tensor],
     shard: CoordinateShard,
@@ -171,6 +249,8 @@ def lanczos_extremes(
     stop_tol: float | None = None,
     start: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
+    reorthogonalize: str = "full",
+    product_dtype: torch.dtype | None = None,
 ) -> ExtremeSpectrum:
     """Lanczos on the symmetric operator ``hvp`` (local float64 ``(n_r,)`` slice in, the same
     slice of ``H v`` out; it may communicate) for ``iterations`` steps, or fewer with
@@ -180,24 +260,40 @@ def lanczos_extremes(
     None: the random one of ``seed``. ``dtype``: of the basis, the vectors ``hvp`` takes and
     returns, and the Ritz vectors (float32 halves the bytes the reorthogonalization reads); the
     recurrence's coefficients, the tridiagonal matrix and its eigenproblem are float64 always.
+    ``reorthogonalize``: ``"full"`` or ``"partial"`` (module docstring); ``product_dtype``: the
+    dtype ``hvp`` computes in, when narrower than the basis (its rounding is what the partial
+    scheme's estimates must follow; None: the basis' dtype).
 
     Needs ``k + l <= iterations <= n``. Raises :class:`NonFiniteCurvature` when a product is
     not finite.
     """
+    if reorthogonalize not in REORTHOGONALIZATIONS:
+        raise ValueError(
+            f"reorthogonalize={reorthogonalize!r} is invalid: use one of "
+            + ", ".join(REORTHOGONALIZATIONS)
+        )
     m = iterations
-    basis = torch.zeros(m, shard.size, dtype=dtype)
+    basis = torch.empty(m, shard.size, dtype=dtype)  # a row is written before it is read
     alphas = torch.zeros(m, dtype=torch.float64)
     betas = torch.zeros(m, dtype=torch.float64)
-    q = (_start_vector(shard, seed) if start is None else start).to(dtype).clone()
+    basis[0] = _start_vector(shard, seed) if start is None else start
+    eps = torch.finfo(dtype).eps / 2  # unit roundoff
     # a residual below this fraction of |H| is rounding noise of the basis' dtype
-    breakdown = max(_BREAKDOWN, 100 * torch.finfo(dtype).eps)
+    breakdown = max(_BREAKDOWN, 200 * eps)
+    # the basis loses orthogonality at the rounding of the products or of the basis, the larger
+    rounding = max(eps, torch.finfo(product_dtype or dtype).eps / 2)
+    estimate = _OrthogonalityEstimate(m, rounding) if reorthogonalize == "partial" else None
     steps = m
     last_beta = 0.0  # β_m: the norm of the residual left after the last step
     scale = 0.0  # the largest |H q| so far
+    passes = 0  # steps whose new vector was reorthogonalized
+    again = False  # partial: the previous step passed, so this one does too
     for j in range(m):
-        basis[j] = q
+        q = basis[j]
         w = hvp(q)
-        sums = shard.allreduce(torch.stack([(w * q).sum(), (w * w).sum()]))  # ⟨Hq, q⟩, |Hq|²
+        if w.data_ptr() == q.data_ptr():  # an operator may hand back its input
+            w = w.clone()
+        sums = shard.allreduce(torch.stack([_local_dot(w, q), _local_dot(w, w)]))  # ⟨Hq,q⟩, |Hq|²
         sums = sums.to(torch.float64)
         alphas[j] = sums[0]
         length = sums[1].sqrt().item()
@@ -206,17 +302,22 @@ def lanczos_extremes(
                 f"Lanczos step {j + 1}: the Hessian-vector product is not finite (NaN or inf)"
             )
         scale = max(scale, length)
-        w -= alphas[j] * q  # the three-term recurrence first (O(n) per rank) ...
+        w.add_(q, alpha=-alphas[j].item())  # the three-term recurrence first (O(n)) ...
         if j > 0:
-            w -= betas[j - 1] * basis[j - 1]
-        norm = _dot(shard, w, w).sqrt()
-        for _ in range(2):  # ... then full reorthogonalization, repeated when it removed much
-            coeffs = shard.allreduce(basis[: j + 1] @ w)
-            w -= coeffs @ basis[: j + 1]
+            w.add_(basis[j - 1], alpha=-betas[j - 1].item())
+        if estimate is None:  # ... then full reorthogonalization ...
+            beta = _reorthogonalize(shard, basis[: j + 1], w)
+            passes += 1
+        else:  # ... or only where the estimates say the basis is losing orthogonality
             beta = _dot(shard, w, w).sqrt()
-            if beta > _DGKS * norm:  # Daniel-Gragg-Kaufman-Stewart: orthogonal to rounding
-                break
-            norm = beta
+            lost = beta.item() > 0 and (
+                estimate.advance(j, alphas, betas, beta.item(), scale) > math.sqrt(rounding)
+            )
+            if again or lost:
+                beta = _reorthogonalize(shard, basis[: j + 1], w)
+                estimate.reset(j)
+                passes += 1
+            again = lost
         converged = False
         if stop_tol is not None and j + 1 >= k + l:
             mine = _converged(alphas[: j + 1], betas[:j], float(beta), k, l, stop_tol)
@@ -227,13 +328,19 @@ def lanczos_extremes(
             last_beta = float(beta) if beta.item() > breakdown * scale else 0.0
             break
         betas[j] = beta
-        q = w / beta
+        torch.div(w, beta, out=basis[j + 1])
     ritz, rotation = tridiagonal_eigh(alphas[:steps], betas[: steps - 1])
     index, take = _extreme_index(steps, k, l)
     vectors = rotation[:, index].T.to(dtype) @ basis[:steps]
     residuals = last_beta * rotation[steps - 1, index].abs()
     return ExtremeSpectrum(
-        ritz[index].clone(), vectors, steps, basis.element_size() * basis.numel(), residuals, take
+        ritz[index].clone(),
+        vectors,
+        steps,
+        basis.element_size() * basis.numel(),
+        residuals,
+        take,
+        passes,
     )
 
 
@@ -251,4 +358,5 @@ def converged_pairs(spectrum: ExtremeSpectrum, tol: float) -> ExtremeSpectrum:
         spectrum.basis_bytes,
         spectrum.residuals[keep].clone(),
         int(keep[: spectrum.top].sum()),
+        spectrum.reorthogonalized,
     )

@@ -157,6 +157,7 @@ class FOSI(torch.optim.Optimizer):
         self.lanczos_basis_bytes = 0
         self.last_ese_s = 0.0  # seconds of this rank's last ESE (0 on pipelined trainers)
         self.last_lanczos_steps = 0  # Lanczos steps of this rank's last ESE
+        self.last_reorthogonalized = 0  # of them, those that passed over the basis
         self.reestimated_at: list[int] = []  # steps whose ESE replaced eigenpairs dropped
         self.reestimate_pending = False  # an ESE is due at the next step, whatever the schedule
         self.top = 0  # how many of the eigenpairs are of the largest (the rest: the smallest)
@@ -414,7 +415,17 @@ class FOSI(torch.optim.Optimizer):
             start = warm_start_vector(shard, self.vectors, seed)
         try:
             spectrum = lanczos_extremes(
-                operator, shard, o.k, o.l, m, seed, o.lanczos_tol, start, basis_dtype
+                operator,
+                shard,
+                o.k,
+                o.l,
+                m,
+                seed,
+                o.lanczos_tol,
+                start,
+                basis_dtype,
+                o.reorthogonalize,
+                dtype,
             )
         except NonFiniteCurvature as exc:
             loss = float("nan") if hvp.loss is None else float(hvp.loss)
@@ -440,6 +451,7 @@ class FOSI(torch.optim.Optimizer):
         self.lanczos_basis_bytes = spectrum.basis_bytes
         self.last_ese_s = time.perf_counter() - started
         self.last_lanczos_steps = spectrum.iterations
+        self.last_reorthogonalized = spectrum.reorthogonalized
         return converged_pairs(spectrum, self.options.residual_tol), hvp.loss
 
     def _install(

@@ -81,6 +81,8 @@ class FOSIOptions:
     ``adaptive_ese``: the steps between ESEs follow how far the subspace moved between the last
     two (``ese_interval.py``; not with ``curvature_ranks``). ``lanczos_dtype``: the Lanczos
     basis and Ritz vectors in float64 or in the parameters' dtype ("training").
+    ``reorthogonalize``: "full" (every Lanczos step) or "partial" (only where the basis drifts
+    from orthogonal: lanczos.py).
 
     The defaults and valid ranges of the options the job has too are its option table's
     (contracts/options.py, ``LIBRARY_PARAMETERS``)."""
@@ -106,6 +108,7 @@ class FOSIOptions:
     nonfinite_stop: bool = _DEFAULT["nonfinite_stop"]
     adaptive_ese: bool = _DEFAULT["adaptive_ese"]
     lanczos_dtype: str = _DEFAULT["lanczos_dtype"]
+    reorthogonalize: str = _DEFAULT["reorthogonalize"]
 
     def __post_init__(self) -> None:
         for name in ("k", "l", "alpha", "momentum", "ese_every", "warmup", "lanczos_iters"):
@@ -117,7 +120,8 @@ class FOSIOptions:
                f"None or an integer >= k + l = {self.k + self.l}")  # fmt: skip
         for name in ("clip", "hvp", "curvature_ranks", "max_staleness", "lanczos_tol",
                      "curvature_fraction", "warm_start", "residual_tol", "ese_check",
-                     "nonfinite_stop", "adaptive_ese", "lanczos_dtype"):  # fmt: skip
+                     "nonfinite_stop", "adaptive_ese", "lanczos_dtype",
+                     "reorthogonalize"):  # fmt: skip
             _check_table(name, getattr(self, name))
         _check(not (self.adaptive_ese and self.curvature_ranks), "adaptive_ese",
                self.adaptive_ese, "False with curvature_ranks > 0 (the pipelined schedule is "

@@ -161,6 +161,8 @@ class FOSIMethod(Method):
             "fosi_subspace_rejected_at_steps": list(fosi.rejected_at),
             "fosi_adaptive_ese": fosi.options.adaptive_ese,
             "fosi_lanczos_dtype": fosi.options.lanczos_dtype,
+            "fosi_reorthogonalize": fosi.options.reorthogonalize,
+            "fosi_reorthogonalized_steps": fosi.last_reorthogonalized,
             "fosi_subspace_movement": list(fosi.movements),
             "fosi_ese_intervals": list(fosi.intervals),
             "fosi_lanczos_steps": fosi.last_lanczos_steps,
