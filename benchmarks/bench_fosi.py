@@ -33,11 +33,11 @@ ranks (``mpiexec``), one job after the other, each running the same workload:
 
 ``--ese-variants`` measures instead, side by side in one run (interleaved rounds), the ESE's
 share of the step time at ``ese_every = 100`` with full reorthogonalization (``full``: the
-defaults before 2026-12-02) and with the cheaper ESE (``CHEAP``: HVPs on the leading quarter of
+defaults) and with the cheaper ESE (``CHEAP``: HVPs on the leading quarter of
 the curvature batch, Lanczos warm-started from the previous V and stopped once the pairs
 converged, ``lanczos_tol`` = ``residual_tol``), with the Lanczos basis in float32 (``f32``:
 ``lanczos_dtype="training"``), with both, and each of these with partial reorthogonalization
-(``partial``: today's default); the share is
+(``partial``: ``reorthogonalize="partial"``); the share is
 also given at 800 steps, the adaptive schedule's longest interval (8 x 100): per round
 and variant a FOSI runs an ESE, two plain steps and a second ESE (the one timed: the warm start
 has a previous V), then five timed plain steps; at P = 1, 2 and 4 (``--world-sizes``). Target:
@@ -86,15 +86,16 @@ SMALL_BYTES = 4096
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "small_all_reduce")
 # --ese-variants: FOSI's options per variant, and the target on the ESE's share of step time
 CHEAP: dict[str, Any] = {"curvature_fraction": 0.25, "warm_start": True, "lanczos_tol": 0.01}
-FULL: dict[str, Any] = {"reorthogonalize": "full"}  # the default before 2026-12-02
+FULL: dict[str, Any] = {"reorthogonalize": "full"}  # the default
+PARTIAL: dict[str, Any] = {"reorthogonalize": "partial"}
 ESE_VARIANTS: dict[str, dict[str, Any]] = {
     "full": FULL,
     "cheap": {**CHEAP, **FULL},
     "f32": {"lanczos_dtype": "training", **FULL},
     "f32+cheap": {**CHEAP, "lanczos_dtype": "training", **FULL},
-    "partial": {},  # today's defaults
-    "f32+partial": {"lanczos_dtype": "training"},
-    "f32+cheap+partial": {**CHEAP, "lanczos_dtype": "training"},
+    "partial": PARTIAL,
+    "f32+partial": {"lanczos_dtype": "training", **PARTIAL},
+    "f32+cheap+partial": {**CHEAP, "lanczos_dtype": "training", **PARTIAL},
 }
 # the adaptive schedule's longest interval (kfac_hpc.optim.fosi.ese_interval.LONGEST x 100):
 # the share there is the least the adaptive schedule can reach on a still subspace

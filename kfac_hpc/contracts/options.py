@@ -525,7 +525,7 @@ FOSI_OPTIONS: tuple[Option, ...] = (
     _f(
         "fosi_reorthogonalize",
         "str",
-        "partial",
+        "full",
         "keep the Lanczos basis orthogonal at every step (full) or only where an estimate of "
         "its inner products says it drifts past sqrt(eps) (partial: the same eigenvalues, far "
         "fewer passes over the basis)",
