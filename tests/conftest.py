@@ -186,6 +186,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         raise pytest.UsageError(f"only {len(session.items)} tests collected; the suite is broken")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Every test, and every fixture it sets up, starts on one torch thread, whatever an
+    earlier test left (a job run in this process takes the machine's cores when no
+    OMP_NUM_THREADS says otherwise). The tests run tiny models on a shared machine, where
+    torch's spinning worker threads make small ops many times slower, and a thread count
+    changes the order of float reductions, so of a trajectory's losses."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
 _status_before: set[str] | None = None
 
 # How this process handles preemption signals when the session starts.
