@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import shutil
@@ -119,6 +120,63 @@ def slurm_cluster() -> dict[str, str]:
     return {"SLURM_CONF": os.environ["SLURM_CONF"]}
 
 
+# Session fixtures worth building once per run rather than once per xdist worker.
+_SHARED_ONCE = ("project_wheel", "mlp_checkpoints")
+
+
+@functools.cache
+def work_unit(path: str) -> str:
+    """The pytest-xdist work unit of the test file ``path`` (tools/run-tests.sh runs the suite
+    on several workers): every file on the one local Slurm cluster in one unit, whose tests run
+    one after another (they compare the queue before and after their own jobs); the files of
+    an expensive session fixture in one unit; any other file in a unit of its own (its module
+    fixtures built once). Read from the file's text, as xdist's controller collects nothing;
+    :func:`pytest_collection_modifyitems` checks it against each test's fixtures."""
+    text = (REPO / path).read_text()
+    if "slurm_cluster" in text or "mark.slurm" in text:
+        return "slurm"
+    return next((name for name in _SHARED_ONCE if name in text), path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist hands out whole work units (:func:`work_unit`), in the order the workers
+    collected them (:func:`pytest_collection_modifyitems`)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid.split("::")[0])
+
+    config.option.loadscopereorder = False
+    return ByWorkUnit(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker: fail at once if a test's fixtures or marks put it in another work
+    unit than its file's text does (a Slurm test that could run beside another); order the
+    units as the workers take them: the Slurm unit (the longest) first, then those with a
+    ``slow`` test, then the rest, so that no long unit is left to run alone at the end."""
+    if not hasattr(config, "workerinput"):
+        return
+    slow = {"slurm"}
+    for item in items:
+        unit = work_unit(item.nodeid.split("::")[0])
+        names = {*item.fixturenames, *(mark.name for mark in item.iter_markers())}
+        needs = "slurm" if names & {"slurm_cluster", "slurm"} else None
+        needs = needs or next((name for name in _SHARED_ONCE if name in names), None)
+        if needs is not None and unit != needs:
+            raise pytest.UsageError(f"{item.nodeid} needs the work unit {needs!r}, not {unit!r}")
+        if "slow" in names:
+            slow.add(unit)
+
+    def order(item: pytest.Item) -> int:
+        unit = work_unit(item.nodeid.split("::")[0])
+        return 0 if unit == "slurm" else 1 if unit in slow else 2
+
+    items.sort(key=order)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     # pytest already fails on zero tests (exit 5); a suite that silently lost whole folders
     # should fail too, so a full run must collect every area.
@@ -126,6 +184,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     if len(session.items) < 10:
         raise pytest.UsageError(f"only {len(session.items)} tests collected; the suite is broken")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Every test, and every fixture it sets up, starts on one torch thread, whatever an
+    earlier test left (a job run in this process takes the machine's cores when no
+    OMP_NUM_THREADS says otherwise). The tests run tiny models on a shared machine, where
+    torch's spinning worker threads make small ops many times slower, and a thread count
+    changes the order of float reductions, so of a trajectory's losses."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 _status_before: set[str] | None = None

@@ -13,4 +13,7 @@ export SLURM_CONF="$top/.work/slurm/etc/slurm.conf"
 export PATH="$top/.venv/bin:$PATH"
 # The Slurm tests must run here: a missing cluster is an error, not a skip.
 export KFAC_HPC_REQUIRE_SLURM=1
-.venv/bin/pytest "$@"
+# Two workers (pytest-xdist; KFAC_HPC_TEST_WORKERS=N for another count): most tests wait on a
+# single process and leave a core idle. Each worker takes whole work units (tests/conftest.py:
+# every Slurm test in one unit, run one after another; every other file in its own).
+.venv/bin/pytest -n "${KFAC_HPC_TEST_WORKERS:-2}" "$@"
