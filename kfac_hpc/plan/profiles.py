@@ -108,7 +108,6 @@ class MachineProfile:
         return forward, backward, factor
 
 
-
 @dataclass(frozen=True)
 class NetworkProfile:
     """Ranks (GPUs) per node, their link inside a node (``intra``, of kind ``intra_link``)
@@ -271,7 +270,8 @@ def _curve(value: Any, name: str, columns: tuple[Column, ...], fix: str) -> tupl
         ok = isinstance(row, list) and len(row) == len(columns)
         if not (ok and all(_entry_ok(e, c) for e, c in zip(row, columns, strict=True))):
             raise PlanInputError(name, f"{_short(row)}: {fix}")
-        points.append(tuple(int(e) if c[0] == "int" else float(e) for e, c in zip(row, columns)))
+        pairs = zip(row, columns, strict=True)
+        points.append(tuple(int(e) if c[0] == "int" else float(e) for e, c in pairs))
     if any(b[0] <= a[0] for a, b in itertools.pairwise(points)):
         raise PlanInputError(name, f"first entries are not ascending: {fix}")
     return tuple(points)
@@ -304,7 +304,7 @@ PROFILE_CURVES: dict[str, tuple[tuple[Column, ...], str]] = {
 }
 
 
-def _curves(table: dict[str, Any], section: str) -> dict[str, tuple[Any, ...]]:
+def _curves(table: dict[str, Any], section: str) -> dict[str, Any]:
     """The checked curves of ``section`` that ``table`` holds, by key."""
     out = {}
     for name, (columns, fix) in PROFILE_CURVES.items():
