@@ -260,10 +260,12 @@ def _entry_ok(entry: Any, column: Column) -> bool:
 
 
 def _curve(value: Any, name: str, columns: tuple[Column, ...], fix: str) -> tuple[Any, ...]:
-    """The checked curve ``name``: 2 to 64 rows of ``columns``, the first strictly
-    ascending; PlanInputError naming it (with ``fix``) otherwise."""
-    fix = f"must be 2 to {_MAX_CURVE} {fix}"
-    if not isinstance(value, list) or not 2 <= len(value) <= _MAX_CURVE:
+    """The checked curve ``name``: 2 (1 for a table of values by rank count) to 64 rows of
+    ``columns``, the first strictly ascending; PlanInputError naming it (with ``fix``)
+    otherwise."""
+    least = 1 if name in _BY_RANKS else 2
+    fix = f"must be {least} to {_MAX_CURVE} {fix}"
+    if not isinstance(value, list) or not least <= len(value) <= _MAX_CURVE:
         raise PlanInputError(name, fix)
     points = []
     for row in value:
@@ -277,6 +279,7 @@ def _curve(value: Any, name: str, columns: tuple[Column, ...], fix: str) -> tupl
     return tuple(points)
 
 
+_BY_RANKS = ("machine.slowdown_curve", "network.sync")  # step functions of P: 1 row will do
 _SECONDS: Column = ("float", 0.0, 1e6, True)
 _LAYER = (("float", 0.0, 1e18, True), _SECONDS, _SECONDS, _SECONDS)
 # the curves a profile may hold: table.key -> (columns, what they must be)
