@@ -328,8 +328,9 @@ def _plan(**o: Any) -> None:
 )
 @guard("plan calibrate", failures=((RuntimeError, "error: calibrating failed"),))
 def calibrate(out: str, backend: str, eigh_sizes: str, dataset: str) -> None:
-    """Measure this allocation's links (inside and between nodes), eigendecomposition and GEMM
-    rates, and write a hardware profile: run on every rank, e.g. ``srun -N 2
+    """Measure this allocation's links (inside and between nodes), eigendecomposition, GEMM
+    and real-layer rates, the compute slowdown and the waits by ranks at once and the job's
+    own overhead, and write a hardware profile: run on every rank, e.g. ``srun -N 2
     --ntasks-per-node 4 kfac-hpc plan calibrate --out site.toml``."""
     from kfac_hpc.plan.files import check_output
     from kfac_hpc.plan.site import calibrate_site

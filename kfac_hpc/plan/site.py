@@ -9,8 +9,11 @@ CPUs: the same code). It measures:
   second node (needs 2 nodes). Each size is the mean of ``ROUNDS`` timed rounds after a barrier
   of the pair, fitted to ``α + β·n`` (one hop) by least squares;
 - on rank 0's device: one eigendecomposition (``torch.linalg.eigh``, the preconditioner's) at
-  each size of ``eigh_sizes`` (median of 3), the sustained GEMM rate (square FP32 products)
-  and the elementwise rate (a copy);
+  each size of ``eigh_sizes`` (median of 3), the sustained GEMM rate (square FP32 products),
+  the elementwise rate (a copy) and real layers' curves (layer_rates.py);
+- over the launch's ranks: the compute slowdown when one rank a node and every rank compute
+  at once, and the wait of a collective after compute (calibrate.py's sync rounds) over
+  those sets; on rank 0, the job's own overhead (overhead.py's 1-rank run on ``dataset``);
 
 and rank 0 writes a profile ``plan --hardware site.toml`` reads. What it cannot measure it
 says in the file: NICs per node (0: one per rank; edit it if ranks share NICs), the device's
