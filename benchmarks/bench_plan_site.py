@@ -40,9 +40,11 @@ PYTHON = [sys.executable, "-m", "kfac_hpc"]
 
 
 def calibrate(out: Path) -> None:
-    """The profile: srun on 2 nodes of 2 ranks, gloo."""
+    """The profile: srun on 2 nodes of 2 ranks, gloo; eigendecompositions up to the small
+    CNN's largest factor (513), the job's overhead on its dataset."""
     argv = [*SRUN, "-N", "2", "--ntasks-per-node", "2", *PYTHON, "plan", "calibrate"]
-    argv += ["--out", str(out), "--backend", "gloo", "--eigh-sizes", "32,64,128,256"]
+    argv += ["--out", str(out), "--backend", "gloo", "--eigh-sizes", "32,64,128,256,512"]
+    argv += ["--dataset", DATASET]
     _run(argv)
 
 
@@ -78,6 +80,11 @@ def main() -> int:
         calibrate(site)
         planned = build_cost_model(MODEL, DATASET, str(site))
         print(f"profile: {planned.source}", flush=True)
+        measured_keys = ("slowdown_curve", "sync", "step_overhead_s", "data_s_per_sample")
+        profile_lines = site.read_text().splitlines()
+        for line in profile_lines:
+            if line.startswith(measured_keys):
+                print(f"  {line}", flush=True)
 
         def point(nodes: int, method: str) -> Any:
             def run(round_index: int) -> dict[str, dict[str, float]]:
@@ -90,6 +97,7 @@ def main() -> int:
         variants = {f"{m}@{n}": point(n, m) for n in NODES for m in METHODS}
         measured = harness.interleave(variants, args.rounds)
     results: dict[str, Any] = {"profile": planned.source, "points": {}}
+    results["profile_text"] = profile_lines
     met = total = step_met = 0
     for key, rounds in measured.items():
         print(f"\n{key}: phase, predicted ms, measured ms median (min-max), ratio median (min-max)")

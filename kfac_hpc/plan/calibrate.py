@@ -32,7 +32,17 @@ import torch.multiprocessing as mp
 from kfac_hpc.plan.alphabeta import COLLECTIVES, AlphaBeta, fit_alpha_beta
 from kfac_hpc.plan.profiles import NetworkProfile
 
-__all__ = ["SIZES_BYTES", "SYNC_WORK_S", "local_network", "measure_collectives"]
+__all__ = [
+    "SIZES_BYTES",
+    "SYNC_BYTES",
+    "SYNC_WORK_S",
+    "fit_wait",
+    "gemm_s",
+    "local_network",
+    "measure_collectives",
+    "sync_reps",
+    "sync_rounds",
+]
 
 SIZES_BYTES = (64, 4 * 2**10, 64 * 2**10, 1 * 2**20, 4 * 2**20)
 SYNC_WORK_S = (0.5e-3, 4e-3, 16e-3)  # compute before each synchronization, one idle core
@@ -42,6 +52,7 @@ SYNC_BYTES = 64 * 2**10  # the allreduce after it (one of SIZES_BYTES)
 _ROUNDS = 100
 _SYNC_ROUNDS = 100
 _GEMM_N = 128
+_CPU = torch.device("cpu")
 
 Sample = tuple[str, int, float, float]  # (collective or "sync", ranks, bytes or T, seconds)
 
@@ -52,33 +63,48 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _gemm_s() -> float:
-    """Seconds of one N×N GEMM on one idle thread (the unit of the sync test's work)."""
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def gemm_s(device: torch.device = _CPU) -> float:
+    """Seconds of one N×N GEMM on one idle thread or ``device`` (the unit of the sync
+    test's work)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    a = torch.randn(_GEMM_N, _GEMM_N)
+    a = torch.randn(_GEMM_N, _GEMM_N, device=device)
     try:
         for _ in range(20):
             a @ a
+        _synchronize(device)
         start = time.perf_counter()
         for _ in range(200):
             a @ a
+        _synchronize(device)
         return (time.perf_counter() - start) / 200
     finally:
         torch.set_num_threads(before)
 
 
-def _mean_over_ranks(seconds: Sequence[float], ranks: int) -> float:
-    """The mean of every rank's ``seconds`` (each rank's mean, averaged). Collective."""
-    local = torch.tensor([statistics.fmean(seconds)], dtype=torch.float64)
-    dist.all_reduce(local)
+def _mean_over_ranks(
+    seconds: Sequence[float], ranks: int, group: Any = None, device: torch.device = _CPU
+) -> float:
+    """The mean of every rank's ``seconds`` (each rank's mean, averaged). Collective over
+    ``group`` (None: the world)."""
+    local = torch.tensor([statistics.fmean(seconds)], dtype=torch.float64, device=device)
+    dist.all_reduce(local, group=group)
     return float(local.item()) / ranks
 
 
-def _sync_rounds(ranks: int, reps: Sequence[int]) -> list[Sample]:
+def sync_rounds(
+    ranks: int, reps: Sequence[int], group: Any = None, device: torch.device = _CPU
+) -> list[Sample]:
     """("sync", ranks, T, seconds of work + allreduce, mean over ranks) for each amount of
-    work ``reps`` (GEMMs)."""
-    a, message = torch.randn(_GEMM_N, _GEMM_N), torch.zeros(SYNC_BYTES // 4)
+    work ``reps`` (GEMMs of :func:`gemm_s`), over ``group`` of ``ranks`` (None: the world)
+    on ``device``. Collective over the group."""
+    a = torch.randn(_GEMM_N, _GEMM_N, device=device)
+    message = torch.zeros(SYNC_BYTES // 4, device=device)
     rows: list[Sample] = []
     for work_s, n in zip(SYNC_WORK_S, reps, strict=True):
         rounds = []
@@ -86,9 +112,11 @@ def _sync_rounds(ranks: int, reps: Sequence[int]) -> list[Sample]:
             start = time.perf_counter()
             for _ in range(n):
                 a @ a
-            dist.all_reduce(message)
+            dist.all_reduce(message, group=group)
+            _synchronize(device)
             rounds.append(time.perf_counter() - start)
-        rows.append(("sync", ranks, work_s, _mean_over_ranks(rounds[1:], ranks)))
+        mean = _mean_over_ranks(rounds[1:], ranks, group, device)
+        rows.append(("sync", ranks, work_s, mean))
     return rows
 
 
@@ -118,17 +146,22 @@ def _worker(
                     dist.reduce(buf, 0)
                 times.append(time.perf_counter() - start)
             rows.append((kind, ranks, float(nbytes), _mean_over_ranks(times[1:], ranks)))
-    rows += _sync_rounds(ranks, reps)
+    rows += sync_rounds(ranks, reps)
     if rank == 0:
         out.put(rows)
     dist.destroy_process_group()
 
 
+def sync_reps(gemm: float) -> tuple[int, ...]:
+    """GEMMs of ``gemm`` seconds that make each amount of SYNC_WORK_S."""
+    return tuple(max(1, round(t / gemm)) for t in SYNC_WORK_S)
+
+
 def measure_collectives(ranks: int, sizes: Sequence[int] = SIZES_BYTES) -> list[Sample]:
     """``(collective, ranks, nbytes, seconds)`` means from ``ranks`` real gloo processes,
     then ``("sync", ranks, T, seconds)`` rows (see the module's docstring)."""
-    gemm = _gemm_s()
-    reps = tuple(max(1, round(t / gemm)) for t in SYNC_WORK_S)
+    gemm = gemm_s()
+    reps = sync_reps(gemm)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
@@ -179,9 +212,14 @@ def fit_sync(rows: Sequence[Sample], slowdown: float) -> tuple[float, float]:
     allreduce = [r for r in rows if r[0] == "allreduce"]
     ranks = allreduce[0][1]
     lockstep = fit_alpha_beta(allreduce).time_s("allreduce", SYNC_BYTES, ranks)
-    sync = [r for r in rows if r[0] == "sync"]
+    return fit_wait([r for r in rows if r[0] == "sync"], slowdown, lockstep)
+
+
+def fit_wait(sync: Sequence[Sample], slowdown: float, lockstep_s: float) -> tuple[float, float]:
+    """(a, b) of wait = round − slowdown·T − ``lockstep_s`` = a + b·T, least squares over
+    the ``("sync", ranks, T, round)`` rows of one rank count (one row: b = 0)."""
     t = np.array([r[2] for r in sync])
-    wait = np.array([r[3] for r in sync]) - slowdown * t - lockstep
+    wait = np.array([r[3] for r in sync]) - slowdown * t - lockstep_s
     if len(sync) < 2:
         return float(wait.mean()), 0.0
     b, a = np.polyfit(t, wait, 1)

@@ -21,7 +21,7 @@ import click
 from kfac_hpc.cli_errors import guard
 from kfac_hpc.contracts.errors import InputError
 from kfac_hpc.contracts.option_values import check_value
-from kfac_hpc.contracts.options import OPTIONS
+from kfac_hpc.contracts.options import DATASETS, OPTIONS
 from kfac_hpc.plan.errors import PlanInputError, check_planned, shown
 from kfac_hpc.plan.model import ALL_METHODS, METHODS
 from kfac_hpc.plan.profiles import PROFILE_FIELDS, builtin_profiles
@@ -318,10 +318,19 @@ def _plan(**o: Any) -> None:
     show_default=True,
     help=f"Eigendecomposition sizes n to time (2 to {MAX_CALIBRATION_COUNTS}, each <= 16384).",
 )
+@click.option(
+    "--dataset",
+    type=click.Choice(list(DATASETS)),
+    default="digits",
+    show_default=True,
+    help="The input pipeline the job's data phase and step overhead are measured on (a "
+    "1-rank run; a dataset read from files: the synthetic one of its shape).",
+)
 @guard("plan calibrate", failures=((RuntimeError, "error: calibrating failed"),))
-def calibrate(out: str, backend: str, eigh_sizes: str) -> None:
-    """Measure this allocation's links (inside and between nodes), eigendecomposition and GEMM
-    rates, and write a hardware profile: run on every rank, e.g. ``srun -N 2
+def calibrate(out: str, backend: str, eigh_sizes: str, dataset: str) -> None:
+    """Measure this allocation's links (inside and between nodes), eigendecomposition, GEMM
+    and real-layer rates, the compute slowdown and the waits by ranks at once and the job's
+    own overhead, and write a hardware profile: run on every rank, e.g. ``srun -N 2
     --ntasks-per-node 4 kfac-hpc plan calibrate --out site.toml``."""
     from kfac_hpc.plan.files import check_output
     from kfac_hpc.plan.site import calibrate_site
@@ -330,6 +339,6 @@ def calibrate(out: str, backend: str, eigh_sizes: str) -> None:
     if len(sizes) < 2:
         raise PlanInputError("--eigh-sizes", "give at least 2 sizes (the curve's two ends)")
     path = check_output("--out", out)
-    text = calibrate_site(path, None if backend == "auto" else backend, tuple(sizes))
+    text = calibrate_site(path, None if backend == "auto" else backend, tuple(sizes), dataset)
     if text is not None:
         click.echo(f"hardware profile: {path} (use: kfac-hpc plan --hardware {path})")

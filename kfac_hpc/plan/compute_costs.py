@@ -24,7 +24,7 @@ from kfac_hpc.plan.profiles import MachineProfile
 from kfac_hpc.train.config import TrainConfig
 from kfac_hpc.train.optimizers import make_optimizer
 
-__all__ = ["ComputeCosts", "MeasuredCompute", "RatedCompute"]
+__all__ = ["ComputeCosts", "MeasuredCompute", "RatedCompute", "layer_kind"]
 
 
 class ComputeCosts(Protocol):
@@ -40,6 +40,12 @@ class ComputeCosts(Protocol):
     def kfac_overhead_s(self, batch: int) -> float: ...
 
 
+def layer_kind(layer: LayerShape) -> str:
+    """``conv`` for a layer of several output positions per sample, else ``linear`` (the
+    curve of a profile that prices it)."""
+    return "conv" if layer.rows > 1 else "linear"
+
+
 class RatedCompute:
     """FLOPs (and bytes) divided by the profile's sustained rates, plus a launch overhead per
     kernel. Backward = 2 × forward (input and weight gradients)."""
@@ -48,12 +54,24 @@ class RatedCompute:
         self.machine, self.shape = machine, shape
 
     def forward_backward_s(self, batch: int, kfac: bool = False) -> tuple[float, float]:
-        m, layers = self.machine, self.shape.layers
-        forward = batch * self.shape.forward_flops / m.gemm_flops_per_s
+        """Each layer from the profile's measured curve of its kind (its factor update in
+        the backward with ``kfac``: the hooks compute the factors there), else its FLOPs at
+        the GEMM rate (backward = 2 × forward, hooks not rated); plus the elementwise layers'
+        traffic."""
+        m = self.machine
         # elementwise layers (norms, activations) read and write every activation once
-        forward += batch * self.shape.activations_per_sample * 8 / m.memory_bytes_per_s
-        kernels = len(layers) * m.kernel_overhead_s
-        return forward + kernels, 2 * forward + 2 * kernels
+        elementwise = batch * self.shape.activations_per_sample * 8 / m.memory_bytes_per_s
+        forward, backward = elementwise, 2 * elementwise
+        for layer in self.shape.layers:
+            flops = batch * layer.forward_flops
+            measured = m.layer_s(layer_kind(layer), flops)
+            if measured is None:
+                rated = flops / m.gemm_flops_per_s + m.kernel_overhead_s
+                forward, backward = forward + rated, backward + 2 * rated
+            else:
+                forward += measured[0]
+                backward += measured[1] + (measured[2] if kfac else 0.0)
+        return forward, backward
 
     def factor_s(self, layer: LayerShape, batch: int) -> float:
         return batch * layer.factor_flops / self.machine.gemm_flops_per_s + (

@@ -111,6 +111,9 @@ class Host:
     # the straggler model: each rank's compute between two collectives varies with this
     # coefficient of variation (independent, normal); the collective waits for the slowest
     compute_cv: float = 0.0
+    # measured (ranks, slowdown) of compute when that many ranks compute at once (the
+    # largest count <= P is used); when given it replaces the cores ratio
+    slowdown: tuple[tuple[int, float], ...] = ()
 
 
 def collective_s(net: NetworkProfile, kind: str, nbytes: float, ranks: int) -> float:
@@ -171,7 +174,11 @@ class CostModel:
         self.memory = MemoryModel(shape.model, shape.dataset)
 
     def _contention(self, ranks: int) -> float:
-        """Compute slows down by the threads a node's ranks run / its cores, when above 1."""
+        """Compute slows down by the measured slowdown at the largest rank count <= ``ranks``
+        when the host has one, else by the threads a node's ranks run / its cores, when
+        above 1."""
+        if self.host.slowdown:
+            return max((p for p in self.host.slowdown if p[0] <= ranks), default=(1, 1.0))[1]
         if not self.host.cores_per_node:
             return 1.0
         on_node = min(ranks, self.network.ranks_per_node)

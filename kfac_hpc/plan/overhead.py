@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,20 @@ def overhead_dataset(dataset: str) -> str:
     return _SYNTHETIC.get(dataset, dataset)
 
 
+# what a launcher tells its ranks (kfac_hpc.runtime.launch reads them): a 1-rank run started
+# from inside a launch (``plan calibrate`` under srun or mpiexec) must not inherit them
+_LAUNCH_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "HYDRA_", "MPI_LOCALRANKID")
+_LAUNCH_NAMES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR"}
+_LAUNCH_NAMES |= {"MASTER_PORT", "KFAC_HPC_EMULATED_NODES"}
+
+
+def _one_process_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without a launcher's variables."""
+    launch = (k for k in env if k in _LAUNCH_NAMES or k.startswith(_LAUNCH_PREFIXES))
+    dropped = set(launch)
+    return {k: v for k, v in env.items() if k not in dropped}
+
+
 def measure_job_overhead(dataset: str, batch: int) -> JobOverhead:
     """Median over logging windows (the first dropped) of a real 1-rank run's data phase and
     its time outside the phases (on :func:`overhead_dataset`, at ``min(batch, MAX_BATCH)``).
@@ -59,7 +74,7 @@ def measure_job_overhead(dataset: str, batch: int) -> JobOverhead:
         argv += ["--no-progress", "--checkpoint-every", str(10 * _STEPS)]
         if measured != "digits":
             argv += ["--num-samples", str(max(batch * 4, 256))]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env = {**_one_process_env(os.environ), "OMP_NUM_THREADS": "1"}
         try:
             out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=_TIMEOUT_S)
         except subprocess.TimeoutExpired:

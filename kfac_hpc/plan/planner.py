@@ -48,7 +48,9 @@ def build_cost_model(
             machine.cores_per_node,
             machine.threads_per_rank,
             JobOverhead(machine.data_s_per_sample, machine.step_overhead_s),
-            compute_cv=machine.compute_cv,
+            network.sync,
+            machine.compute_cv,
+            machine.slowdown_curve,
         )
         return Planned(
             CostModel(shape, RatedCompute(machine, shape), network, host, device),

@@ -37,6 +37,15 @@ __all__ = [
 ]
 
 
+def loglog(points: tuple[tuple[float, float], ...], x: float) -> float:
+    """``y`` at ``x`` on the log-log interpolation of ``points`` (x ascending, y > 0), its end
+    segments' power laws beyond them."""
+    index = next((i for i, (px, _) in enumerate(points[1:-1], 1) if x <= px), len(points) - 1)
+    (x0, y0), (x1, y1) = points[index - 1], points[index]
+    slope = math.log(y1 / y0) / math.log(x1 / x0)
+    return y0 * (x / x0) ** slope
+
+
 def eigh_flops(n: int) -> float:
     """A symmetric eigendecomposition with eigenvectors: ≈ 9 n³ FLOPs (Golub & Van Loan)."""
     return 9.0 * n**3
@@ -55,6 +64,11 @@ class MachineProfile:
     given, it replaces ``eigh_flops_per_s``: see :meth:`eigh_s`). ``data_s_per_sample``: the
     data phase per sample of the local batch. ``compute_cv``: the straggler model, each rank's
     compute between two collectives varying with this coefficient of variation.
+    ``conv_curve`` / ``linear_curve``: measured ``(forward FLOPs, forward s, backward s,
+    factor s)`` of real layers, FLOPs ascending (when given, they replace the GEMM rate for
+    that kind of layer). ``slowdown_curve``: measured ``(ranks, slowdown)`` of compute when
+    that many ranks of the allocation compute at once (when given, it replaces the
+    ``cores_per_node`` ratio).
     """
 
     name: str
@@ -69,18 +83,29 @@ class MachineProfile:
     data_s_per_sample: float = 0.0
     compute_cv: float = 0.0
     eigh_curve: tuple[tuple[int, float], ...] = ()
+    conv_curve: tuple[tuple[float, float, float, float], ...] = ()
+    linear_curve: tuple[tuple[float, float, float, float], ...] = ()
+    slowdown_curve: tuple[tuple[int, float], ...] = ()
 
     def eigh_s(self, n: int) -> float:
         """Seconds of one eigendecomposition of size ``n``: log-log interpolation of
         ``eigh_curve`` (its end segments' power laws beyond it), else 9 n³ FLOPs at
         ``eigh_flops_per_s`` plus one kernel launch."""
-        curve = self.eigh_curve
-        if not curve:
+        if not self.eigh_curve:
             return eigh_flops(n) / self.eigh_flops_per_s + self.kernel_overhead_s
-        index = next((i for i, (size, _) in enumerate(curve[1:-1], 1) if n <= size), len(curve) - 1)
-        (n0, t0), (n1, t1) = curve[index - 1], curve[index]
-        slope = math.log(t1 / t0) / math.log(n1 / n0)
-        return t0 * (n / n0) ** slope
+        return loglog(self.eigh_curve, n)
+
+    def layer_s(self, kind: str, flops: float) -> tuple[float, float, float] | None:
+        """Seconds of one ``kind`` layer (``conv``, ``linear``) whose forward is ``flops``:
+        its forward, its backward and its factor update (K-FAC's hooks), log-log
+        interpolated on the measured ``conv_curve`` / ``linear_curve``; None without one."""
+        curve = self.conv_curve if kind == "conv" else self.linear_curve
+        if not curve:
+            return None
+        forward, backward, factor = (
+            loglog(tuple((p[0], p[column]) for p in curve), flops) for column in (1, 2, 3)
+        )
+        return forward, backward, factor
 
 
 @dataclass(frozen=True)
@@ -93,6 +118,10 @@ class NetworkProfile:
     ``measured``: ``(ranks, collective, α-β)`` fitted to one collective at one rank count on
     this machine; it gives the time of that collective over exactly that many ranks of one
     node (instead of ``intra`` and the algorithm's step counts).
+
+    ``sync``: ``(ranks, a, b)``: a collective over that many ranks (or more, up to the next
+    count) after ``T`` seconds of compute waits ``max(0, a + b·T)`` for the other ranks
+    beyond its own time (measured by ``plan calibrate``; see docs/plan.md).
     """
 
     name: str
@@ -104,6 +133,7 @@ class NetworkProfile:
     backend: str = "nccl"
     allreduce: str = "auto"
     intra_link: str = "nvlink"
+    sync: tuple[tuple[int, float, float], ...] = ()
 
     @property
     def nics(self) -> int:
@@ -215,38 +245,81 @@ def _values(
     return {f.key: _value(table, f) for f in mine}
 
 
-_MAX_CURVE = 64  # points of machine.eigh_curve
+_MAX_CURVE = 64  # points of a curve (machine.eigh_curve, ...)
+Column = tuple[str, float, float, bool]  # kind (int / float), low, high, low excluded
 
 
-def _curve_point(pair: Any) -> bool:
-    """Whether ``pair`` is ``[n, seconds]``: n an integer in [1, 2**20], seconds in (0, 1e6]."""
-    if not (isinstance(pair, list) and len(pair) == 2):
+def _entry_ok(entry: Any, column: Column) -> bool:
+    kind, low, high, open_low = column
+    if isinstance(entry, bool) or not isinstance(entry, int | float):
         return False
-    n, t = pair
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 2**20:
+    if kind == "int" and not isinstance(entry, int):
         return False
-    if not isinstance(t, int | float) or isinstance(t, bool):
-        return False
-    return math.isfinite(t) and 0 < t <= 1e6
+    above = entry > low if open_low else entry >= low
+    return math.isfinite(entry) and above and entry <= high
 
 
-def _curve(value: Any) -> tuple[tuple[int, float], ...]:
-    """The checked ``machine.eigh_curve``: 2 to 64 ``[n, seconds]`` pairs, n ascending."""
-    fix = f"must be 2 to {_MAX_CURVE} [n, seconds] pairs, n ascending integers, seconds > 0"
-    if not isinstance(value, list) or not 2 <= len(value) <= _MAX_CURVE:
-        raise PlanInputError("machine.eigh_curve", fix)
+def _curve(value: Any, name: str, columns: tuple[Column, ...], fix: str) -> tuple[Any, ...]:
+    """The checked curve ``name``: 2 (1 for a table of values by rank count) to 64 rows of
+    ``columns``, the first strictly ascending; PlanInputError naming it (with ``fix``)
+    otherwise."""
+    least = 1 if name in _BY_RANKS else 2
+    fix = f"must be {least} to {_MAX_CURVE} {fix}"
+    if not isinstance(value, list) or not least <= len(value) <= _MAX_CURVE:
+        raise PlanInputError(name, fix)
     points = []
-    for pair in value:
-        if not _curve_point(pair):
-            raise PlanInputError("machine.eigh_curve", f"{_short(pair)}: {fix}")
-        points.append((int(pair[0]), float(pair[1])))
+    for row in value:
+        ok = isinstance(row, list) and len(row) == len(columns)
+        if not (ok and all(_entry_ok(e, c) for e, c in zip(row, columns, strict=True))):
+            raise PlanInputError(name, f"{_short(row)}: {fix}")
+        pairs = zip(row, columns, strict=True)
+        points.append(tuple(int(e) if c[0] == "int" else float(e) for e, c in pairs))
     if any(b[0] <= a[0] for a, b in itertools.pairwise(points)):
-        raise PlanInputError("machine.eigh_curve", f"sizes are not ascending: {fix}")
+        raise PlanInputError(name, f"first entries are not ascending: {fix}")
     return tuple(points)
 
 
+_BY_RANKS = ("machine.slowdown_curve", "network.sync")  # step functions of P: 1 row will do
+_SECONDS: Column = ("float", 0.0, 1e6, True)
+_LAYER = (("float", 0.0, 1e18, True), _SECONDS, _SECONDS, _SECONDS)
+# the curves a profile may hold: table.key -> (columns, what they must be)
+PROFILE_CURVES: dict[str, tuple[tuple[Column, ...], str]] = {
+    "machine.eigh_curve": (
+        (("int", 1, 2**20, False), _SECONDS),
+        "[n, seconds] pairs, n ascending integers, seconds > 0",
+    ),
+    "machine.conv_curve": (
+        _LAYER,
+        "[forward_flops, forward_s, backward_s, factor_s] rows, FLOPs ascending, all > 0",
+    ),
+    "machine.linear_curve": (
+        _LAYER,
+        "[forward_flops, forward_s, backward_s, factor_s] rows, FLOPs ascending, all > 0",
+    ),
+    "machine.slowdown_curve": (
+        (("int", 1, 2**20, False), ("float", 0.01, 1000.0, False)),
+        "[ranks, slowdown] pairs, ranks ascending integers, slowdown in [0.01, 1000]",
+    ),
+    "network.sync": (
+        (("int", 2, 2**20, False), ("float", -1.0, 1.0, False), ("float", -100.0, 100.0, False)),
+        "[ranks, a_s, b] rows, ranks ascending integers >= 2, a_s in [-1, 1], b in [-100, 100]",
+    ),
+}
+
+
+def _curves(table: dict[str, Any], section: str) -> dict[str, Any]:
+    """The checked curves of ``section`` that ``table`` holds, by key."""
+    out = {}
+    for name, (columns, fix) in PROFILE_CURVES.items():
+        table_name, key = name.rsplit(".", 1)
+        if table_name == section and key in table:
+            out[key] = _curve(table[key], name, columns, fix)
+    return out
+
+
 def _machine(name: str, table: dict[str, Any]) -> MachineProfile:
-    values = _values(table, "machine", frozenset({"device", "eigh_curve"}))
+    curves = _curves(table, "machine")
+    values = _values(table, "machine", frozenset({"device", *_keys_of("machine")}))
     device = table.get("device", shown(name))
     if not isinstance(device, str) or not device.isprintable() or len(device) > _DEVICE_CHARS:
         raise PlanInputError(
@@ -258,8 +331,12 @@ def _machine(name: str, table: dict[str, Any]) -> MachineProfile:
             "machine.threads_per_rank",
             f"{threads} is more than cores_per_node ({cores}); at most the node's cores",
         )
-    curve = _curve(table["eigh_curve"]) if "eigh_curve" in table else ()
-    return MachineProfile(device, **values, eigh_curve=curve)
+    return MachineProfile(device, **values, **curves)
+
+
+def _keys_of(section: str) -> set[str]:
+    """The curve keys of ``section``."""
+    return {n.rsplit(".", 1)[1] for n in PROFILE_CURVES if n.rsplit(".", 1)[0] == section}
 
 
 def _choice(table: dict[str, Any], section: str, key: str) -> str:
@@ -281,7 +358,7 @@ def _link(table: Any, section: str, extra: frozenset[str] = frozenset()) -> Alph
 
 
 def _network(name: str, table: dict[str, Any]) -> NetworkProfile:
-    keys = {"intra", "inter", "backend", "allreduce"}
+    keys = {"intra", "inter", "backend", "allreduce", *_keys_of("network")}
     scalars = {k: v for k, v in table.items() if k not in keys}
     values = _values(scalars, "network", frozenset(keys))
     intra_table = table.get("intra")
@@ -297,6 +374,7 @@ def _network(name: str, table: dict[str, Any]) -> NetworkProfile:
         backend=_choice(table, "network", "backend"),
         allreduce=_choice(table, "network", "allreduce"),
         intra_link=_choice(intra_table, "network.intra", "kind"),
+        **_curves(table, "network"),
     )
 
 

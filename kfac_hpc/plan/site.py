@@ -9,8 +9,11 @@ CPUs: the same code). It measures:
   second node (needs 2 nodes). Each size is the mean of ``ROUNDS`` timed rounds after a barrier
   of the pair, fitted to ``α + β·n`` (one hop) by least squares;
 - on rank 0's device: one eigendecomposition (``torch.linalg.eigh``, the preconditioner's) at
-  each size of ``eigh_sizes`` (median of 3), the sustained GEMM rate (square FP32 products)
-  and the elementwise rate (a copy);
+  each size of ``eigh_sizes`` (median of 3), the sustained GEMM rate (square FP32 products),
+  the elementwise rate (a copy) and real layers' curves (layer_rates.py);
+- over the launch's ranks: the compute slowdown when one rank a node and every rank compute
+  at once, and the wait of a collective after compute (calibrate.py's sync rounds) over
+  those sets; on rank 0, the job's own overhead (overhead.py's 1-rank run on ``dataset``);
 
 and rank 0 writes a profile ``plan --hardware site.toml`` reads. What it cannot measure it
 says in the file: NICs per node (0: one per rank; edit it if ranks share NICs), the device's
@@ -23,14 +26,21 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from kfac_hpc.contracts.atomic import write_bytes_atomic
 from kfac_hpc.plan.alphabeta import AlphaBeta, fit_alpha_beta
+from kfac_hpc.plan.calibrate import SYNC_BYTES, fit_wait, gemm_s, sync_reps, sync_rounds
+from kfac_hpc.plan.layer_rates import layer_curve
+from kfac_hpc.plan.overhead import JobOverhead, measure_job_overhead
+from kfac_hpc.plan.placement import price_s
+from kfac_hpc.plan.profiles import NetworkProfile
 from kfac_hpc.runtime.process_group import init_distributed
 
 __all__ = ["EIGH_SIZES", "MESSAGE_BYTES", "ROUNDS", "calibrate_site", "profile_text"]
@@ -40,6 +50,8 @@ EIGH_SIZES = (64, 128, 256, 512, 1024, 2048)
 ROUNDS = 20
 _GEMM_N = 1024
 _COPY_BYTES = 64 * 2**20
+_CONCURRENCY_ROUNDS, _CONCURRENCY_REPS = 10, 10
+OVERHEAD_BATCH = 64  # the batch of the 1-rank run that measures the job's own overhead
 
 
 def _sync(device: torch.device) -> None:
@@ -102,13 +114,110 @@ def _device_rates(device: torch.device, sizes: Sequence[int]) -> dict[str, objec
     src = torch.ones(_COPY_BYTES // 4, device=device)
     dst = torch.empty_like(src)
     copy = 2 * _COPY_BYTES / _timed(lambda: dst.copy_(src), device, 5)
-    return {"eigh_curve": curve, "gemm": gemm, "copy": copy}
+    curves = {f"{kind}_curve": layer_curve(kind, device) for kind in ("conv", "linear")}
+    return {"eigh_curve": curve, "gemm": gemm, "copy": copy, **curves}
+
+
+def _groups(world: int, per_node: int) -> list[list[int]]:
+    """The rank sets the launch's concurrency is measured on: one rank per node, then every
+    rank (distinct sizes >= 2; ranks are placed ``per_node`` to a node in rank order)."""
+    out: list[list[int]] = []
+    for members in (list(range(0, world, per_node)), list(range(world))):
+        if len(members) >= 2 and all(len(members) != len(m) for m in out):
+            out.append(members)
+    return out
+
+
+def _slowdown_curve(groups: list[list[int]], device: torch.device) -> list[list[float]]:
+    """``[ranks, slowdown]`` of compute when that many ranks compute at once: identical work
+    (a 32-channel convolution's forward and backward, warmed up on every rank) on each rank
+    of the set, its mean over the set's ranks; the median over ``_CONCURRENCY_ROUNDS``
+    rounds (the sets in turn, so that a change in the host's load meets them all) over that
+    of rank 0 alone. Collective."""
+    module = nn.Conv2d(32, 32, 3, padding=1).to(device)
+    x = torch.randn(16, 32, 8, 8, device=device, requires_grad=True)
+    grad = torch.ones(16, 32, 8, 8, device=device)
+
+    def work() -> None:
+        for _ in range(_CONCURRENCY_REPS):
+            module(x).backward(grad)
+        _sync(device)
+
+    work()
+    rank, sets = dist.get_rank(), [[0], *groups]
+    seconds: list[list[float]] = [[] for _ in sets]
+    for _ in range(_CONCURRENCY_ROUNDS):
+        for members, times in zip(sets, seconds, strict=True):
+            dist.barrier()
+            took = torch.zeros(1, dtype=torch.float64, device=device)
+            if rank in members:
+                start = time.perf_counter()
+                work()
+                took[0] = time.perf_counter() - start
+            dist.all_reduce(took)
+            times.append(float(took.item()) / len(members))
+    alone, *rest = (statistics.median(times) for times in seconds)
+    return [[1, 1.0], *([len(m), t / alone] for m, t in zip(groups, rest, strict=True))]
+
+
+def _sync_fits(
+    groups: list[list[int]],
+    network: NetworkProfile,
+    slowdown: list[list[float]],
+    device: torch.device,
+) -> list[list[float]]:
+    """``[ranks, a, b]`` of the wait for the other ranks over each rank set (calibrate.py's
+    sync rounds: T of GEMM work, then an allreduce of SYNC_BYTES): the round's mean minus the
+    compute at the measured slowdown and minus the profile's own price of that allreduce
+    (so that the model's collective plus its wait is the measured round). Collective."""
+    unit = gemm_s(device) if dist.get_rank() == 0 else 0.0
+    gemm = torch.tensor([unit], dtype=torch.float64, device=device)
+    dist.broadcast(gemm, 0)
+    reps = sync_reps(float(gemm.item()))
+    factor = dict((int(p), s) for p, s in slowdown)
+    fits = []
+    for members in groups:
+        group = dist.new_group(members)
+        mine = dist.get_rank() in members
+        rows = sync_rounds(len(members), reps, group, device) if mine else []
+        dist.barrier()
+        ranks = len(members)
+        lockstep = price_s(network, "allreduce", SYNC_BYTES, range(ranks))
+        if rows:
+            a, b = fit_wait(rows, factor.get(ranks, 1.0), lockstep)
+            fits.append([ranks, a, b])
+    return fits
 
 
 def _memory_bytes(device: torch.device, ranks_per_node: int) -> float:
     if device.type == "cuda":
         return float(torch.cuda.get_device_properties(device).total_memory)
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / ranks_per_node
+
+
+def _rows(rows: Sequence[Sequence[float]]) -> str:
+    """A TOML array of numeric rows (integers kept integers)."""
+    return "[" + ", ".join("[" + ", ".join(f"{v:.6g}" for v in row) + "]" for row in rows) + "]"
+
+
+@dataclass(frozen=True)
+class SiteHost:
+    """What calibrate measures of the job on this allocation beyond rates and links: the
+    compute slowdown by ranks computing at once, the waits' fits, and the job's own
+    overhead (measured on ``dataset``)."""
+
+    slowdown_curve: list[list[float]]
+    sync: list[list[float]]
+    job: JobOverhead
+    dataset: str
+
+    def machine_lines(self) -> list[str]:
+        return [
+            f"slowdown_curve = {_rows(self.slowdown_curve)}",
+            f"# step_overhead_s, data_s_per_sample: a 1-rank run on {self.dataset}",
+            f"step_overhead_s = {self.job.step_s:.6g}",
+            f"data_s_per_sample = {self.job.data_s_per_sample:.6g}",
+        ]
 
 
 def profile_text(
@@ -120,9 +229,11 @@ def profile_text(
     intra: AlphaBeta | None,
     inter: AlphaBeta | None,
     cores: int,
+    host: SiteHost | None = None,
 ) -> str:
     """The TOML of a measured profile (a link not measured takes the other's values, said in
-    a comment)."""
+    a comment); the layer curves when ``rates`` has them; ``host``'s measurements when
+    given."""
     intra_link = intra or inter
     inter_link = inter or intra
     assert intra_link is not None and inter_link is not None
@@ -134,7 +245,7 @@ def profile_text(
         notes.append("# network.intra: not measured (one rank per node): the inter-node values")
     if inter is None:
         notes.append("# network.inter: not measured (one node): the intra-node values")
-    kind = "nvlink" if backend == "nccl" else "shm"
+    kind = _link_kind(backend)
     lines = [
         "# Written by `kfac-hpc plan calibrate` (measured; see docs/plan.md).",
         "# nics_per_node is not measured: 0 means one NIC per rank; set it if ranks share NICs.",
@@ -150,11 +261,18 @@ def profile_text(
         f"memory_bytes = {memory_bytes:.6g}",
         f"cores_per_node = {cores}",
         f"threads_per_rank = {min(cores, torch.get_num_threads()) if cores else 1}",
+        *(
+            f"{key} = {_rows(rates[key])}"  # type: ignore[arg-type]
+            for key in ("conv_curve", "linear_curve")
+            if key in rates
+        ),
+        *(host.machine_lines() if host else []),
         "",
         "[network]",
         f"ranks_per_node = {ranks_per_node}",
         "nics_per_node = 0",
         f'backend = "{backend}"',
+        *([f"sync = {_rows(host.sync)}"] if host and host.sync else []),
         "",
         "[network.intra]",
         f'kind = "{kind}"',
@@ -168,10 +286,36 @@ def profile_text(
     return "\n".join(lines) + "\n"
 
 
+def _link_kind(backend: str) -> str:
+    return "nvlink" if backend == "nccl" else "shm"
+
+
+def _shared_network(
+    intra: AlphaBeta | None,
+    inter: AlphaBeta | None,
+    per_node: int,
+    backend: str,
+    device: torch.device,
+) -> NetworkProfile:
+    """The network the profile will hold, on every rank (rank 0 measured both pairs; a link
+    not measured takes the other's values, as in the file). Collective."""
+    links = [intra or inter, inter or intra]
+    values = [v for ab in links if ab for v in (ab.alpha_s, ab.beta_s_per_byte)]
+    shared = torch.tensor(values if len(values) == 4 else [0.0] * 4, dtype=torch.float64)
+    shared = shared.to(device)
+    dist.broadcast(shared, 0)
+    a, b = AlphaBeta(*map(float, shared[:2].cpu())), AlphaBeta(*map(float, shared[2:].cpu()))
+    return NetworkProfile("site", per_node, a, b, backend=backend, intra_link=_link_kind(backend))
+
+
 def calibrate_site(
-    out: Path, backend: str | None = None, eigh_sizes: Sequence[int] = EIGH_SIZES
+    out: Path,
+    backend: str | None = None,
+    eigh_sizes: Sequence[int] = EIGH_SIZES,
+    dataset: str = "digits",
 ) -> str | None:
-    """Measure and (on rank 0) write the profile to ``out``; returns its text on rank 0.
+    """Measure and (on rank 0) write the profile to ``out``; returns its text on rank 0
+    (``dataset``: the input pipeline the job's overhead is measured on).
     RuntimeError when the launch has neither 2 ranks on a node nor 2 nodes."""
     ctx = init_distributed(backend)
     world, nodes = ctx.world_size, ctx.launch.num_nodes
@@ -182,8 +326,13 @@ def calibrate_site(
         )
     intra = _pair_link((0, 1), ctx.device) if per_node >= 2 else None
     inter = _pair_link((0, per_node), ctx.device) if nodes >= 2 else None
+    network = _shared_network(intra, inter, per_node, ctx.backend, ctx.device)
+    groups = _groups(world, per_node)
+    slowdown = _slowdown_curve(groups, ctx.device)
+    sync = _sync_fits(groups, network, slowdown, ctx.device)
     text = None
     if ctx.rank == 0:
+        host = SiteHost(slowdown, sync, measure_job_overhead(dataset, OVERHEAD_BATCH), dataset)
         rates = _device_rates(ctx.device, eigh_sizes)
         name = (
             torch.cuda.get_device_name(ctx.device)
@@ -192,7 +341,7 @@ def calibrate_site(
         )
         cores = 0 if ctx.device.type == "cuda" else (os.cpu_count() or 1)
         memory = _memory_bytes(ctx.device, per_node)
-        text = profile_text(name, rates, memory, per_node, ctx.backend, intra, inter, cores)
+        text = profile_text(name, rates, memory, per_node, ctx.backend, intra, inter, cores, host)
         write_bytes_atomic(out, text.encode("utf-8"), durable=True)
     dist.barrier()
     return text

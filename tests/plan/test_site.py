@@ -1,6 +1,7 @@
 """``kfac-hpc plan calibrate``: real ranks over gloo (4 ranks emulating 2 nodes of 2, and srun
-on 2 nodes of the local Slurm cluster) write a profile that plan reads, with both links
-measured, and that predicts a real run there from its own settings; the profile's text
+on 2 nodes of the local Slurm cluster) write a profile that plan reads, with both links,
+real-layer curves, the slowdown and waits by ranks and the job's overhead measured, and that
+predicts a real run there from its own settings; the profile's text
 round-trips; bad flags are one line, exit 2, nothing measured."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from click.testing import CliRunner
 
 from kfac_hpc.cli import main
 from kfac_hpc.plan.alphabeta import AlphaBeta
+from kfac_hpc.plan.layer_rates import CONV_CHANNELS, LINEAR_WIDTHS
 from kfac_hpc.plan.profiles import load_profile
 from kfac_hpc.plan.site import profile_text
 from tests.helpers.launch import run_mpi, script_env
@@ -72,6 +74,13 @@ def test_four_ranks_on_two_emulated_nodes_write_a_usable_profile(tmp_path: Path)
     assert net.ranks_per_node == 2  # the world of 4 over 2 nodes
     assert [n for n, _ in machine.eigh_curve] == [32, 64, 128]
     assert all(t > 0 for _, t in machine.eigh_curve)
+    # the job's terms: real-layer curves, the slowdown at 1, 2 (one a node) and 4 ranks at
+    # once, the waits over 2 and 4 ranks, the overhead of a 1-rank run
+    assert len(machine.conv_curve) == len(CONV_CHANNELS)
+    assert len(machine.linear_curve) == len(LINEAR_WIDTHS)
+    assert [p for p, _ in machine.slowdown_curve] == [1, 2, 4]
+    assert [fit[0] for fit in net.sync] == [2, 4]
+    assert machine.step_overhead_s > 0 and machine.data_s_per_sample > 0
     for link in (net.intra, net.inter):
         assert link.alpha_s >= 0 and 0 < link.bandwidth_bytes_per_s < float("inf")
     planned = CliRunner().invoke(
@@ -113,8 +122,10 @@ def test_srun_calibrates_a_profile_that_predicts_a_real_two_node_run(
     assert result.returncode == 0, result.stderr[-2000:]
     text = site.read_text()
     assert "intra: not measured" not in text and "inter: not measured" not in text
-    _, net = load_profile(str(site))
+    machine, net = load_profile(str(site))
     assert net.ranks_per_node == 2 and net.backend == "gloo"  # 4 ranks on 2 nodes
+    assert [p for p, _ in machine.slowdown_curve] == [1, 2, 4]  # one a node, then all
+    assert [fit[0] for fit in net.sync] == [2, 4]
     sweep = tmp_path / "sweep"
     train = [*srun, "--ntasks-per-node", "1", sys.executable, "-m", "kfac_hpc", "train"]
     train += ["--run-dir", str(sweep / "run"), "--model", "mlp", "--dataset", "digits"]
@@ -132,6 +143,6 @@ def test_srun_calibrates_a_profile_that_predicts_a_real_two_node_run(
     # the phases that take a share of the step (COMM-OPT times an empty gradient broadcast)
     step = run["step_s"]["mean"] if isinstance(run["step_s"], dict) else run["step_s"]
     measured = {k for k, v in run["phases_s"].items() if v > 0.01 * step}
-    for phase in measured - {"data"}:  # a profile prices no data phase (docs/plan.md)
+    for phase in measured:  # the data phase too: calibrate measured the job's overhead
         assert 0 < predicted["phases_s"][phase] < float("inf"), phase
     assert {"factor_compute", "factor_comm", "inverse_compute"} <= measured

@@ -1,0 +1,194 @@
+"""What ``plan calibrate`` measures beyond rates and links, and how the cost model uses it:
+real-layer curves price each layer (forward, backward, the hooks' factor update), a measured
+slowdown by ranks computing at once replaces the cores ratio, the profile's measured waits
+are added after compute, and a 1-rank overhead run inherits no launcher variables. Each cost
+term is checked against the arithmetic written out here (numpy's interpolation as the
+oracle of the log-log curves); every new profile key refuses a bad value naming it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from kfac_hpc.cli import main
+from kfac_hpc.plan.alphabeta import AlphaBeta
+from kfac_hpc.plan.calibrate import fit_wait
+from kfac_hpc.plan.compute_costs import RatedCompute, layer_kind
+from kfac_hpc.plan.errors import PlanInputError
+from kfac_hpc.plan.layers import model_shape
+from kfac_hpc.plan.model import CostModel, Host, PlanConfig, bucketed_allreduce_s
+from kfac_hpc.plan.overhead import JobOverhead, _one_process_env
+from kfac_hpc.plan.planner import build_cost_model
+from kfac_hpc.plan.profiles import MachineProfile, NetworkProfile, load_profile
+from kfac_hpc.plan.site import SiteHost, _groups, profile_text
+from tests.plan.test_cli_input import write_profile
+
+SHAPE = model_shape("small_cnn", "digits")
+# forward FLOPs, forward s, backward s, factor s: spans the small CNN's layers at batch 64
+CONV = ((1e5, 1e-4, 3e-4, 5e-4), (1e7, 4e-4, 9e-4, 2e-3), (1e9, 2e-2, 5e-2, 9e-2))
+LINEAR = ((1e3, 1e-5, 2e-5, 4e-5), (1e6, 5e-5, 1e-4, 3e-4), (1e8, 3e-3, 7e-3, 2e-2))
+MACHINE = MachineProfile("cpu", 1e10, 1e9, 1e10, 1e10, conv_curve=CONV, linear_curve=LINEAR)
+LINK = AlphaBeta(1e-4, 1e-9)
+NET = NetworkProfile("one node", 64, LINK, LINK)
+
+
+def _oracle(curve: tuple[tuple[float, ...], ...], column: int, flops: float) -> float:
+    """Straight-line interpolation in log-log space (inside the curve's range)."""
+    xs = np.log([p[0] for p in curve])
+    ys = np.log([p[column] for p in curve])
+    return float(np.exp(np.interp(math.log(flops), xs, ys)))
+
+
+def _model(host: Host | None = None) -> CostModel:
+    return CostModel(SHAPE, RatedCompute(MACHINE, SHAPE), NET, host or Host())
+
+
+@pytest.mark.parametrize("kfac", [False, True])
+def test_layer_curves_price_each_layer_of_its_kind(kfac: bool) -> None:
+    batch = 64
+    elementwise = batch * SHAPE.activations_per_sample * 8 / MACHINE.memory_bytes_per_s
+    forward, backward = elementwise, 2 * elementwise
+    for layer in SHAPE.layers:
+        curve = CONV if layer.rows > 1 else LINEAR
+        flops = batch * layer.forward_flops
+        assert curve[0][0] <= flops <= curve[-1][0]  # inside: numpy's interpolation applies
+        forward += _oracle(curve, 1, flops)
+        backward += _oracle(curve, 2, flops) + (_oracle(curve, 3, flops) if kfac else 0.0)
+    got = RatedCompute(MACHINE, SHAPE).forward_backward_s(batch, kfac)
+    assert got == pytest.approx((forward, backward), rel=1e-9)
+    assert {layer_kind(layer) for layer in SHAPE.layers} == {"conv", "linear"}
+
+
+def test_a_layer_beyond_the_curve_follows_its_end_segment() -> None:
+    (f0, t0, *_), (f1, t1, *_) = CONV[-2:]
+    slope = math.log(t1 / t0) / math.log(f1 / f0)
+    machine = MachineProfile("cpu", 1e10, 1e9, 1e10, 1e10, conv_curve=CONV)
+    got = machine.layer_s("conv", 1e10)
+    assert got is not None and got[0] == pytest.approx(t0 * (1e10 / f0) ** slope)
+    assert machine.layer_s("linear", 1e6) is None  # no linear curve: the GEMM rate prices it
+
+
+def test_kfac_hooks_add_their_factor_update_on_factor_steps_only() -> None:
+    plain = _model().predict(PlanConfig("sgd", 1, 64, "weak"))
+    every = _model().predict(PlanConfig("kfac-comm-opt", 1, 64, "weak", 1, 10))
+    tenth = _model().predict(PlanConfig("kfac-comm-opt", 1, 64, "weak", 10, 100))
+    hooks = sum(
+        _oracle(CONV if layer.rows > 1 else LINEAR, 3, 64 * layer.forward_flops)
+        for layer in SHAPE.layers
+    )
+    assert every.phases_s["backward"] == pytest.approx(plain.phases_s["backward"] + hooks)
+    assert tenth.phases_s["backward"] == pytest.approx(plain.phases_s["backward"] + hooks / 10)
+
+
+@pytest.mark.parametrize(("ranks", "factor"), [(1, 1.0), (2, 1.5), (3, 1.5), (4, 2.5), (16, 2.5)])
+def test_the_measured_slowdown_at_the_largest_count_not_above_p(ranks: int, factor: float) -> None:
+    curve = ((1, 1.0), (2, 1.5), (4, 2.5))
+    # cores that would say otherwise (2 cores, 64 ranks a node): the measured curve wins
+    slowed = _model(Host(2, 1, slowdown=curve)).predict(PlanConfig("sgd", ranks, 64, "weak"))
+    free = _model().predict(PlanConfig("sgd", ranks, 64, "weak"))
+    for phase in ("forward", "backward", "optimizer", "data"):
+        assert slowed.phases_s[phase] == pytest.approx(factor * free.phases_s[phase])
+
+
+def test_a_profile_s_waits_and_job_overhead_reach_the_model(tmp_path: Path) -> None:
+    a, b = 2e-3, 0.5
+    path = write_profile(
+        tmp_path / "p.toml",
+        {
+            "machine": {"step_overhead_s": "0.001", "data_s_per_sample": "1e-6"},
+            "network": {"sync": f"[[2, {a}, {b}]]"},
+        },
+    )
+    planned = build_cost_model("small_cnn", "digits", str(path))
+    machine, net = load_profile(str(path))
+    assert net.sync == ((2, a, b),)
+    pred = planned.model.predict(PlanConfig("sgd", 4, 64, "weak"))
+    compute = planned.model.compute
+    forward, backward = compute.forward_backward_s(64)
+    data = 64 * 1e-6
+    expected = (
+        bucketed_allreduce_s(net, SHAPE.params * 4, 4, 25.0) + a + b * (data + forward + backward)
+    )
+    assert pred.phases_s["grad_allreduce"] == pytest.approx(expected)
+    assert pred.phases_s["data"] == pytest.approx(data)
+    assert pred.other_s == pytest.approx(1e-3)
+    assert machine.step_overhead_s == pytest.approx(1e-3)
+
+
+def test_fit_wait_recovers_a_linear_wait() -> None:
+    lockstep, slowdown, a, b = 3e-4, 1.5, 1e-3, 0.4
+    rows = [("sync", 2, t, slowdown * t + lockstep + a + b * t) for t in (5e-4, 4e-3, 16e-3)]
+    assert fit_wait(rows, slowdown, lockstep) == pytest.approx((a, b))
+    assert fit_wait(rows[:1], slowdown, lockstep) == pytest.approx((a + b * 5e-4, 0.0))
+
+
+def test_the_concurrency_sets_are_one_rank_a_node_then_all() -> None:
+    assert _groups(4, 2) == [[0, 2], [0, 1, 2, 3]]
+    assert _groups(8, 4) == [[0, 4], list(range(8))]
+    assert _groups(2, 2) == [[0, 1]]  # one node: one rank a node is one rank (not a set)
+    assert _groups(2, 1) == [[0, 1]]  # one rank a node: the same set once
+
+
+def test_the_overhead_run_inherits_no_launcher_variables() -> None:
+    env = {"PATH": "/bin", "SLURM_PROCID": "1", "PMI_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4"}
+    env |= {"RANK": "1", "MASTER_PORT": "1", "KFAC_HPC_EMULATED_NODES": "2", "OMP_X": "y"}
+    assert _one_process_env(env) == {"PATH": "/bin", "OMP_X": "y"}
+
+
+def test_profile_text_with_the_measured_host_round_trips(tmp_path: Path) -> None:
+    rates = {
+        "eigh_curve": [[64, 1e-3], [512, 4e-3]],
+        "gemm": 2e10,
+        "copy": 5e9,
+        "conv_curve": [list(p) for p in CONV],
+        "linear_curve": [list(p) for p in LINEAR],
+    }
+    host = SiteHost([[1, 1.0], [2, 1.4]], [[2, 1e-4, 0.3]], JobOverhead(2e-6, 5e-4), "digits")
+    path = tmp_path / "site.toml"
+    path.write_text(profile_text("cpu", rates, 8e9, 2, "gloo", LINK, LINK, 2, host))
+    machine, net = load_profile(str(path))
+    assert machine.conv_curve == CONV and machine.linear_curve == LINEAR  # 6 digits hold them
+    assert machine.slowdown_curve == ((1, 1.0), (2, 1.4))
+    assert (machine.data_s_per_sample, machine.step_overhead_s) == (2e-6, 5e-4)
+    assert net.sync == ((2, 1e-4, 0.3),)
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [
+        ("machine", "conv_curve", "[[1e6, 1e-3, 2e-3, 3e-3]]"),  # one point
+        ("machine", "conv_curve", "[[1e6, 1e-3, 2e-3], [1e7, 1e-2, 2e-2]]"),  # 3 columns
+        ("machine", "linear_curve", "[[1e6, 1e-3, 2e-3, 3e-3], [1e5, 1e-2, 2e-2, 3e-2]]"),
+        ("machine", "linear_curve", "[[1e6, 0, 2e-3, 3e-3], [1e7, 1e-2, 2e-2, 3e-2]]"),
+        ("machine", "slowdown_curve", "[[1, 1.0], [2, 0.0]]"),
+        ("machine", "slowdown_curve", "[[1.5, 1.0], [2, 2.0]]"),
+        ("network", "sync", "[[1, 1e-3, 0.5], [2, 1e-3, 0.5]]"),  # a wait needs 2 ranks
+        ("network", "sync", "[[2, 1e-3, 500], [4, 1e-3, 0.5]]"),
+        ("network", "sync", '"fast"'),
+    ],
+)
+def test_a_bad_measured_key_is_one_line_naming_it_exit_2(
+    tmp_path: Path, section: str, key: str, value: str
+) -> None:
+    path = write_profile(tmp_path / "p.toml", {section: {key: value}})
+    with pytest.raises(PlanInputError, match=rf"{section}\.{key}"):
+        load_profile(str(path))
+    result = CliRunner().invoke(main, ["plan", "--hardware", str(path), "--ranks", "1,2"])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and f"{section}.{key}" in lines[0]
+
+
+@pytest.mark.parametrize("name", ["v100-edr", "a100-hdr200"])
+def test_shipped_profiles_measure_none_and_keep_the_rated_model(name: str) -> None:
+    machine, net = load_profile(name)
+    assert (machine.conv_curve, machine.linear_curve, machine.slowdown_curve, net.sync) == (
+        (),
+        (),
+        (),
+        (),
+    )
