@@ -45,7 +45,7 @@ def run(tag: str, world_size: int, out_dir: Path, resume: str = "") -> list[dict
     if tag not in _runs:
         env = {"TAG": tag, "RESUME": str(out_dir / resume) if resume else ""}
         proc = run_mpi(world_size, [sys.executable, str(SCRIPT), str(out_dir)], env=env)
-        assert proc.returncode == 0, f"ranks failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+        assert proc.returncode == 0, f"ranks failed:\n{proc.stdout}\n{proc.stderr[-16000:]}"
         ranks = [torch.load(out_dir / f"{tag}_rank{r}.pt") for r in range(world_size)]
         assert [r["world_size"] for r in ranks] == [world_size] * world_size
         assert [r["rank"] for r in ranks] == list(range(world_size))
