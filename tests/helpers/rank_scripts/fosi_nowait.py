@@ -1,17 +1,18 @@
-"""Started as P = 2 or 3 real ranks by tests/optim/fosi/test_pipeline_nowait.py: pipelined FOSI
-with the last rank given to ESE and a staleness bound of 2, whose curvature rank is held up.
+"""Started as P = 2 or 3 real ranks by tests/optim/fosi/test_pipeline_nowait.py: pipelined FOSI with
+the last rank given to ESE and a staleness bound of 2, whose curvature rank is held up.
 
-The tiny float64 MLP of fosi_sharded.py, plain SGD (lr 0.1, no momentum: its update needs no
-state, so that the test can replay every step densely), ESEs requested at steps 1, 6 and 11 of
-0..14. The curvature rank's ESE of step 6 blocks until the file ``release`` exists, which
-training rank 0 writes only after its step 9 is done: the training ranks must get through steps
-6..9 without it (steps 8 and 9 past the bound). Nothing here is timed: where the test needs a
-result to have arrived (before steps 2 and 10, and 12 of the resumed run) the training ranks
-wait for its receives outside ``FOSI.step``. Before step 10 training rank 0 saves the full
+The tiny float64 MLP of fosi_sharded.py, plain SGD (lr 0.1, no momentum: its update needs no state,
+so that the test can replay every step densely), ESEs requested at steps 1, 6 and 11 of 0..14.
+Every ESE of the curvature rank blocks until a release file exists, which training rank 0 writes at
+the start of a later step (``RELEASE_BEFORE``): ESE 6 before step 10, so the training ranks must
+get through steps 6..9 without it (steps 8 and 9 past the bound); ESEs 1 and 11 before steps 2 and
+12, so that no result can arrive in the step that requested it. Nothing here is timed: where the
+test needs a result to have arrived (before steps 2 and 10, and 12 of the resumed run) the training
+ranks wait for its receives outside ``FOSI.step``. Before step 10 training rank 0 saves the full
 state (an ESE in flight) and, after the run, every rank resumes from it for steps 10..14.
 
-Each rank writes ``OUT_DIR/rank{r}.pt``: per run, the parameters before and after every step,
-the steps of every swap with the eigenpairs swapped in (V gathered whole), ``late_steps``,
+Each rank writes ``OUT_DIR/rank{r}.pt``: per run, the parameters before and after every step, the
+steps of every swap with the eigenpairs swapped in (V gathered whole), ``late_steps``,
 ``staleness`` and ``late_from`` of the saved state.
 """
 
@@ -35,8 +36,10 @@ LR = 0.1
 OPTIONS: dict[str, Any] = {"k": 2, "l": 1, "alpha": 0.05, "warmup": 1, "ese_every": 5,
                            "max_staleness": 2, "hvp": "double-backward", "residual_tol": 1.0,
                            "curvature_ranks": 1}  # fmt: skip
-HELD_ESE = 6  # the curvature rank's ESE that waits for the release file
-RELEASE_BEFORE = 10  # training rank 0 writes it before this step (after step 9)
+# the curvature rank's ESE of step e waits for a file that training rank 0 writes at the start
+# of step RELEASE_BEFORE[e]; the state is saved with ESE 6 in flight, before step 10
+RELEASE_BEFORE = {1: 2, 6: 10, 11: 12}
+SAVE_BEFORE = 10
 RELEASE_TIMEOUT_S = 120.0  # a training rank that waits for the held ESE never writes it
 
 
@@ -56,21 +59,23 @@ def wait_arrival(opt: FOSI) -> None:
 
 
 def train(
-    opt: FOSI, model: nn.Module, steps: range, holds: set[int], out: Path, world: int
+    opt: FOSI, model: nn.Module, steps: range, holds: set[int], out: Path, world: int, name: str
 ) -> dict[str, Any]:
     rank, trainers = dist.get_rank(), world - 1
     record: dict[str, Any] = {"before": [], "after": [], "installs": {}, "late_from": None}
     vectors = opt.vectors
     for step in steps:
         if not opt.is_curvature_rank:
-            if step == RELEASE_BEFORE and steps.start < RELEASE_BEFORE:
+            if step == SAVE_BEFORE and steps.start < SAVE_BEFORE:
                 if rank == 0:  # the state with the held ESE in flight, for the resumed run
                     torch.save(opt.full_state_dict(), out / "state.pt")
                     torch.save([p.detach().clone() for p in model.parameters()],
                                out / "params.pt")  # fmt: skip
-                    (out / "release").touch()
                 else:
                     opt.full_state_dict()  # collective over the training ranks
+            released = [e for e, before in RELEASE_BEFORE.items() if before == step]
+            if rank == 0 and released:
+                (out / f"{name}-release{released[0]}").touch()
             if step in holds:
                 wait_arrival(opt)
             x, y = part(batch(step), rank, trainers)
@@ -79,8 +84,8 @@ def train(
         cx, cy = batch(1000 + step)
 
         def closure(step: int = step, cx: torch.Tensor = cx, cy: torch.Tensor = cy) -> torch.Tensor:
-            if step == HELD_ESE:
-                wait_for(out / "release")
+            if step in RELEASE_BEFORE:
+                wait_for(out / f"{name}-release{step}")
             return nn.functional.cross_entropy(model(cx), cy)
 
         record["before"].append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
@@ -106,7 +111,7 @@ def main() -> None:
     torch.set_num_threads(1)
     world, out = dist.get_world_size(), Path(sys.argv[1])
     model = build_model()
-    results = {"run": train(build(model), model, range(15), {2, 10}, out, world)}
+    results = {"run": train(build(model), model, range(15), {2, 10}, out, world, "run")}
     dist.barrier()  # the saved state is written
     state = torch.load(out / "state.pt")
     model = build_model()
@@ -115,7 +120,7 @@ def main() -> None:
             p.copy_(value)
     opt = build(model)
     opt.load_full_state_dict(state)
-    results["resumed"] = train(opt, model, range(10, 15), {12}, out, world)
+    results["resumed"] = train(opt, model, range(10, 15), {12}, out, world, "resumed")
     results["resumed"]["late_from"] = state["late_from"]
     results["curvature_rank"] = opt.is_curvature_rank
     torch.save({"world_size": world, "rank": ctx.rank, "results": results},
