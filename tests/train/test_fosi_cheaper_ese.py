@@ -72,15 +72,6 @@ def test_the_adaptive_schedule_and_the_float32_basis_are_recorded_in_run_json(tm
     assert validate_run_dir(run) == []
 
 
-def test_an_unknown_lanczos_dtype_exits_2_naming_the_flag(tmp_path):
-    run = tmp_path / "run"
-    result = _train(run, *MLP, *RUN, "--fosi-lanczos-dtype", "float16")
-    assert result.exit_code == 2, result.output
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and "--fosi-lanczos-dtype" in lines[0], result.output
-    assert not run.exists()
-
-
 def test_partial_reorthogonalization_is_recorded_in_run_json(tmp_path):
     run = tmp_path / "run"
     result = _train(run, *MLP, *RUN, "--fosi-reorthogonalize", "partial")
@@ -92,11 +83,16 @@ def test_partial_reorthogonalization_is_recorded_in_run_json(tmp_path):
     assert validate_run_dir(run) == []
 
 
-def test_an_unknown_reorthogonalization_exits_2_naming_the_flag(tmp_path):
+@pytest.mark.parametrize(
+    ("flag", "value", "choices"),
+    [("--fosi-lanczos-dtype", "float16", "float64, training"),
+     ("--fosi-reorthogonalize", "some", "full, partial")],
+)  # fmt: skip
+def test_an_unknown_choice_exits_2_naming_the_flag(tmp_path, flag, value, choices):
     run = tmp_path / "run"
-    result = _train(run, *MLP, *RUN, "--fosi-reorthogonalize", "some")
+    result = _train(run, *MLP, *RUN, flag, value)
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and "--fosi-reorthogonalize" in lines[0], result.output
-    assert "full, partial" in lines[0]
+    assert len(lines) == 1 and flag in lines[0], result.output
+    assert choices in lines[0]
     assert not run.exists()
