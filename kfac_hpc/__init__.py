@@ -7,7 +7,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["FOSI", "KFACPreconditioner", "Run", "__version__"]
+__all__ = ["FOSI", "KFACPreconditioner", "Run", "__version__", "recomputed_batchnorm"]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,4 +24,8 @@ def __getattr__(name: str) -> Any:
         from kfac_hpc.train.script_run import Run
 
         return Run
+    if name == "recomputed_batchnorm":
+        from kfac_hpc.train.batchnorm import recomputed_batchnorm
+
+        return recomputed_batchnorm
     raise AttributeError(f"module 'kfac_hpc' has no attribute {name!r}")

@@ -616,6 +616,17 @@ RUN_OPTIONS: tuple[Option, ...] = (
         maximum=10**9,
     ),
     _o(
+        "precise_bn_batches",
+        "int",
+        0,
+        "before each test evaluation, recompute BatchNorm running statistics from this many "
+        "training batches at the current parameters (training's own are put back after; 0: "
+        "test with the running averages, which trail fast-moving parameters)",
+        unit="batches",
+        check="nonnegative",
+        maximum=10**6,
+    ),
+    _o(
         "time_limit_s",
         "float",
         None,

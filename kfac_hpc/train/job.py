@@ -19,7 +19,7 @@ import math
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -45,6 +45,7 @@ from kfac_hpc.contracts import OPTIONS, PHASES, HostMemory, RunDir
 from kfac_hpc.contracts.targets import HIGHER_IS_BETTER
 from kfac_hpc.runtime import DistributedContext
 from kfac_hpc.train.attempt import average_buffers, broadcast_parameters, parameters_finite
+from kfac_hpc.train.batchnorm import recomputed_batchnorm
 from kfac_hpc.train.config import ConfigError, TrainConfig
 from kfac_hpc.train.data import DataSource, ShardedBatches
 from kfac_hpc.train.faults import fault_plan
@@ -300,17 +301,38 @@ class Job:
 
     # ----------------------------------------------------------------- evaluation
     def evaluate(self, step: int) -> tuple[float, float]:
-        """Test (loss, accuracy) over every rank's share of the test set; rank 0 records it."""
+        """Test (loss, accuracy) over every rank's share of the test set; rank 0 records it.
+        With ``precise_bn_batches`` N, BatchNorm is tested with statistics recomputed from N
+        training batches of this epoch (batchnorm.py), averaged over ranks; training's own
+        statistics return afterwards."""
         self.method.synchronize()
-        average_buffers(self.model, self.world_size)
-        loss, accuracy = evaluate(
-            self.model, self.batches, self.ctx.device, self.world_size, self.precision
-        )
+        with self._test_statistics(step):
+            average_buffers(self.model, self.world_size)
+            loss, accuracy = evaluate(
+                self.model, self.batches, self.ctx.device, self.world_size, self.precision
+            )
         if self.rank == 0:
             epoch = step // self.steps_per_epoch
             record = eval_record(self.attempt, step, epoch, self.wall_s(), loss, accuracy)
             self.run_dir.append_metrics(record)
         return loss, accuracy
+
+    def _test_statistics(self, step: int) -> AbstractContextManager[object]:
+        """BatchNorm statistics recomputed at the current parameters for an evaluation at
+        ``step`` (``precise_bn_batches`` > 0), from this rank's batches 0..N-1 of the epoch of
+        ``step`` (the training data stream is indexed, so it is not moved)."""
+        count = min(self.config.precise_bn_batches, self.steps_per_epoch)
+        if count == 0:
+            return nullcontext()
+        epoch = step // self.steps_per_epoch
+        device = self.ctx.device
+        inputs = (self.batches.batch(epoch, index)[0].to(device) for index in range(count))
+
+        def forward(x: torch.Tensor) -> object:
+            with self.precision.autocast():
+                return self.model(x)
+
+        return recomputed_batchnorm(self.model, inputs, forward)
 
     # ----------------------------------------------------------------- checkpoints
     def save(self, step: int) -> None:
