@@ -282,6 +282,13 @@ class FOSI(torch.optim.Optimizer):
         self.step_count += 1
         return loss
 
+    def close(self) -> None:
+        """End of training, on every rank: a pipelined training rank waits for the ESEs still
+        in flight and drops their results, so that no message is left half-sent when the
+        process group goes away (pipeline.drain). Nothing to do otherwise."""
+        if self.pipeline is not None and not self.is_curvature_rank:
+            self.pipeline.drain()
+
     def _swap_arrived(self) -> bool:
         """Pipelined training ranks, at a step boundary: swap in the curvature results that
         have arrived on every training rank (with ``max_staleness = 0``: wait for the one

@@ -160,6 +160,14 @@ class CurvaturePipeline:
         vectors = torch.cat(p.blocks, dim=1) if p.blocks else torch.empty(self.pairs, 0)
         return p.step, values[:found].clone(), vectors[:found].contiguous(), top
 
+    def drain(self) -> None:
+        """Wait for every request in flight (its receives, and training rank 0's snapshot
+        sends) and drop the results. Gloo transmits a message only once its receiver has
+        posted the receive: a training rank that left with a snapshot unsent would close the
+        connection under a curvature rank still waiting for it."""
+        while self.pending:
+            self.pending.pop(0).wait()
+
     # -- curvature ranks ----------------------------------------------------------------
     def receive_snapshot(self, like: torch.Tensor) -> torch.Tensor:
         """θ_t from training rank 0 (blocks until it is sent)."""

@@ -9,7 +9,9 @@ get through steps 6..9 without it (steps 8 and 9 past the bound); ESEs 1 and 11 
 12, so that no result can arrive in the step that requested it. Nothing here is timed: where the
 test needs a result to have arrived (before steps 2 and 10, and 12 of the resumed run) the training
 ranks wait for its receives outside ``FOSI.step``. Before step 10 training rank 0 saves the full
-state (an ESE in flight) and, after the run, every rank resumes from it for steps 10..14.
+state (an ESE in flight) and, after the run, every rank resumes from it for steps 10..14. A last
+run of steps 0..2 ends with ESE 1 still held: training rank 0 releases it only as it calls
+``FOSI.close``, which must wait for its result.
 
 Each rank writes ``OUT_DIR/rank{r}.pt``: per run, the parameters before and after every step, the
 steps of every swap with the eigenpairs swapped in (V gathered whole), ``late_steps``,
@@ -40,6 +42,7 @@ OPTIONS: dict[str, Any] = {"k": 2, "l": 1, "alpha": 0.05, "warmup": 1, "ese_ever
 # of step RELEASE_BEFORE[e]; the state is saved with ESE 6 in flight, before step 10
 RELEASE_BEFORE = {1: 2, 6: 10, 11: 12}
 SAVE_BEFORE = 10
+ESE_STEPS = {1, 6, 11}
 RELEASE_TIMEOUT_S = 120.0  # a training rank that waits for the held ESE never writes it
 
 
@@ -59,8 +62,18 @@ def wait_arrival(opt: FOSI) -> None:
 
 
 def train(
-    opt: FOSI, model: nn.Module, steps: range, holds: set[int], out: Path, world: int, name: str
+    opt: FOSI,
+    model: nn.Module,
+    steps: range,
+    holds: set[int],
+    out: Path,
+    world: int,
+    name: str,
+    releases: dict[int, int] = RELEASE_BEFORE,
 ) -> dict[str, Any]:
+    """Steps ``steps`` (waiting for an ESE's arrival before the steps in ``holds``); the
+    curvature rank's ESE of step e waits for the file training rank 0 writes before step
+    ``releases[e]``, or, for an ESE requested but not in ``releases``, before FOSI.close."""
     rank, trainers = dist.get_rank(), world - 1
     record: dict[str, Any] = {"before": [], "after": [], "installs": {}, "late_from": None}
     vectors = opt.vectors
@@ -73,7 +86,7 @@ def train(
                                out / "params.pt")  # fmt: skip
                 else:
                     opt.full_state_dict()  # collective over the training ranks
-            released = [e for e, before in RELEASE_BEFORE.items() if before == step]
+            released = [e for e, before in releases.items() if before == step]
             if rank == 0 and released:
                 (out / f"{name}-release{released[0]}").touch()
             if step in holds:
@@ -84,8 +97,10 @@ def train(
         cx, cy = batch(1000 + step)
 
         def closure(step: int = step, cx: torch.Tensor = cx, cy: torch.Tensor = cy) -> torch.Tensor:
-            if step in RELEASE_BEFORE:
+            if step in releases:
                 wait_for(out / f"{name}-release{step}")
+            elif step in ESE_STEPS:
+                wait_for(out / f"{name}-closing")
             return nn.functional.cross_entropy(model(cx), cy)
 
         record["before"].append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
@@ -96,6 +111,11 @@ def train(
             assert vectors is not None
             whole = torch.stack([opt.shard.gather(row) for row in vectors])
             record["installs"][step] = (opt.eigenvalues.clone(), opt.top, whole)
+    if rank == 0 and not opt.is_curvature_rank:
+        (out / f"{name}-closing").touch()  # releases an ESE still held: FOSI.close waits for it
+    record["in_flight_at_end"] = 0 if opt.pipeline is None else len(opt.pipeline.pending)
+    opt.close()
+    record["in_flight_after_close"] = 0 if opt.pipeline is None else len(opt.pipeline.pending)
     record["late_steps"] = list(opt.late_steps)
     record["staleness"] = list(opt.staleness)
     return record
@@ -122,6 +142,10 @@ def main() -> None:
     opt.load_full_state_dict(state)
     results["resumed"] = train(opt, model, range(10, 15), {12}, out, world, "resumed")
     results["resumed"]["late_from"] = state["late_from"]
+    # training ends with ESE 1 in flight, its curvature rank held until training rank 0 is in
+    # FOSI.close: without the close, rank 0 would leave with the result unreceived
+    model = build_model()
+    results["closing"] = train(build(model), model, range(3), set(), out, world, "closing", {})
     results["curvature_rank"] = opt.is_curvature_rank
     torch.save({"world_size": world, "rank": ctx.rank, "results": results},
                out / f"rank{ctx.rank}.pt")  # fmt: skip

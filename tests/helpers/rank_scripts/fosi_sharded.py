@@ -105,6 +105,7 @@ def run(name: str, world: int, rank: int, resume: Path | None) -> dict[str, Any]
         opt.step(closure)
         params.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone())
     full = opt.full_state_dict()
+    opt.close()  # the stale configuration may end with an ESE in flight
     out = Path(sys.argv[1]) / os.environ["TAG"]
     if rank == 0:
         out.mkdir(exist_ok=True)

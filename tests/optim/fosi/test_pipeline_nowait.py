@@ -128,3 +128,7 @@ def test_training_ranks_never_wait_and_take_the_base_update_past_the_bound(
         assert_replayed(replay, main, range(10), f"P={world_size} rank {r}")
         assert_replayed(replay, resumed, range(10, 15), f"resumed P={world_size} rank {r}")
         assert results["run"]["after"][9].equal(resumed["before"][0])
+        # ending with an ESE in flight: FOSI.close waited for it (the curvature rank's send
+        # would otherwise have met a closed connection: every rank must have written its file)
+        closing = results["closing"]
+        assert closing["in_flight_at_end"] == 1 and closing["in_flight_after_close"] == 0
