@@ -5,7 +5,8 @@
 sweep, the predicted seconds per step of every phase, of the time outside every phase
 (``other``) and of the whole step. This module reads it (files only: the cost model lives in
 ``kfac_hpc.plan``) and pairs each prediction with what the run measured (``run.json``: per-step
-means averaged over ranks; ``other`` = step − the sum of the phases).
+means averaged over ranks; the step is the ranks' mean step, ``contracts.records.phase_step_s``,
+and ``other`` = that step − the sum of the phases).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from kfac_hpc.analysis import schema
 from kfac_hpc.analysis.collect import Collection
+from kfac_hpc.contracts.records import phase_step_s
 from kfac_hpc.contracts.rundir import PREDICTED
 
 __all__ = ["COLUMNS", "Predicted", "load_predicted", "predicted_rows"]
@@ -44,10 +46,9 @@ def load_predicted(sweep_dir: Path) -> Predicted | None:
 
 
 def _measured(summary: dict[str, Any]) -> dict[str, float] | None:
-    phases, step = summary.get("phases_s"), summary.get("step_s")
-    if not isinstance(phases, dict) or step is None:
+    phases, step_s = summary.get("phases_s"), phase_step_s(summary)
+    if not isinstance(phases, dict) or step_s is None:
         return None
-    step_s = float(step["mean"] if isinstance(step, dict) else step)
     out = {p: float(phases.get(p) or 0.0) for p in schema.PHASES}
     out["other"] = step_s - sum(out.values())
     out["step"] = step_s

@@ -24,6 +24,7 @@ __all__ = [
     "TRAIN",
     "TRAIN_FIELDS",
     "HostMemory",
+    "phase_step_s",
     "validate_run_dir",
 ]
 
@@ -126,6 +127,22 @@ RUN_FIELDS: dict[str, Any] = {
 }
 
 
+def phase_step_s(summary: dict[str, Any]) -> float | None:
+    """The step that ``run.json``'s ``phases_s`` split: the mean over ranks of each rank's mean
+    step (``rank_step_s``), so that the step minus its phases is the mean time outside every
+    phase (each rank's is >= 0). ``step_s`` is rank 0's steps alone: a rank that leaves
+    out-of-step work (records, evaluation) first waits for the others inside its next step's
+    collective, so rank 0's step and the ranks' mean phases differ. A ``run.json`` written
+    before ``rank_step_s`` existed gives ``step_s``'s mean; None without either."""
+    ranks = summary.get("rank_step_s")
+    if isinstance(ranks, list) and ranks:
+        return sum(float(s) for s in ranks) / len(ranks)
+    step = summary.get("step_s")
+    if isinstance(step, dict):
+        step = step.get("mean")
+    return None if step is None else float(step)
+
+
 def _check(obj: dict[str, Any], keys: dict[str, Any], where: str) -> list[str]:
     problems = []
     for key, kind in keys.items():
@@ -180,6 +197,9 @@ def validate_run_dir(root: str | Path) -> list[str]:
         problems += _check_phases(summary, "run.json", world_size)
         if len(summary.get("samples_per_s_per_rank", [])) != world_size:
             problems.append("run.json: samples_per_s_per_rank is not one per rank")
+        ranks = summary.get("rank_step_s")  # absent in run.json files written before it
+        if ranks is not None and len(ranks) != world_size:
+            problems.append("run.json: rank_step_s is not one per rank")
         if summary.get("state") == str(Marker.ERROR) and not summary.get("error"):
             problems.append("run.json: state error without an error message")
         if summary.get("host_memory") not in {str(state) for state in HostMemory}:

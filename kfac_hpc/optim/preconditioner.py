@@ -282,8 +282,9 @@ class KFACPreconditioner(KFACStateMixin):
             self._update_second_order(timings)
         with self._timed(timings, "precondition"):
             triples = self._precondition_own()
-        with self._timed(timings, "grad_broadcast"):
-            self._broadcast_gradients(triples)
+        if self.assignment.distribution is not DistributionStrategy.COMM_OPT:
+            with self._timed(timings, "grad_broadcast"):  # COMM-OPT: every rank has them all
+                self._broadcast_gradients(triples)
         with self._timed(timings, "precondition"):
             self._clip_and_write(triples)
         self.last_timings = timings

@@ -91,8 +91,9 @@ class RatedCompute:
 
     def optimizer_s(self, batch: int) -> float:
         # SGD with momentum: read weight, grad, momentum; write weight, momentum (FP32); the
-        # same at every batch
-        return 5 * 4 * self.shape.params / self.machine.memory_bytes_per_s
+        # same at every batch; + the measured cost per parameter tensor (0 when not measured)
+        traffic = 5 * 4 * self.shape.params / self.machine.memory_bytes_per_s
+        return traffic + self.machine.optimizer_tensor_s * self.shape.param_tensors
 
     def kfac_overhead_s(self, batch: int) -> float:
         """The preconditioner's host bookkeeping outside its phases: not rated (0)."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kfac_hpc.contracts.options import OPTIONS
+from kfac_hpc.contracts.records import phase_step_s
 from kfac_hpc.contracts.rundir import CONFIG, PREDICTED, RUN, write_json_atomic
 from kfac_hpc.plan.errors import PlanInputError
 from kfac_hpc.plan.model import PlanConfig
@@ -67,7 +68,9 @@ def _get(config: dict[str, Any], name: str) -> Any:
 
 def predicted_vs_measured(planned: Planned, run_dir: Path) -> dict[str, dict[str, float]]:
     """``{phase: {"predicted_s": ..., "measured_s": ...}}`` plus ``step`` for one run dir
-    (measured: run.json's per-step means over the run, averaged over ranks)."""
+    (measured: run.json's per-step means over the run, averaged over ranks; the step is the
+    ranks' mean step, ``contracts.records.phase_step_s``, so ``other`` is the mean time outside
+    every phase)."""
     config = json.loads((run_dir / "config.json").read_text())
     run = json.loads((run_dir / "run.json").read_text())
     prediction = planned.model.predict(config_of_run(config))
@@ -76,8 +79,7 @@ def predicted_vs_measured(planned: Planned, run_dir: Path) -> dict[str, dict[str
         phase: {"predicted_s": seconds, "measured_s": float(measured.get(phase, 0.0))}
         for phase, seconds in prediction.phases_s.items()
     }
-    step = run.get("step_s", {})
-    step_s = float(step["mean"] if isinstance(step, dict) else step)
+    step_s = phase_step_s(run) or 0.0
     out["other"] = {
         "predicted_s": prediction.other_s,
         "measured_s": step_s - sum(r["measured_s"] for r in out.values()),

@@ -7,7 +7,8 @@ with its forward seconds, its backward seconds (input and weight gradients) and 
 its K-FAC factor update from the captured input and output gradient (the code the
 preconditioner's hooks run: ``KFACLayer.a_factor`` and ``g_factor``). Small layers run far
 below a large GEMM's rate (launch and dispatch costs, short loops), which one GEMM rate
-cannot say.
+cannot say. Also the job's optimizer update per parameter tensor (``optimizer_tensor_s``): on a
+CPU its update loops over the tensors, and a small model's update is mostly that loop.
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ import torch
 from torch import nn
 
 from kfac_hpc.optim.layers import make_layer
+from kfac_hpc.train.config import TrainConfig
+from kfac_hpc.train.optimizers import make_optimizer
 
-__all__ = ["CONV_CHANNELS", "LINEAR_WIDTHS", "layer_curve", "per_call_s"]
+__all__ = ["CONV_CHANNELS", "LINEAR_WIDTHS", "layer_curve", "optimizer_tensor_s", "per_call_s"]
 
 CONV_CHANNELS = (4, 8, 16, 32, 64, 128, 256)
 LINEAR_WIDTHS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 _CONV_BATCH, _CONV_SIDE, _LINEAR_BATCH = 16, 8, 32
 _BLOCK_S, _BLOCKS = 5e-3, 5  # each point: the median of 5 blocks of at least 5 ms
+_TENSORS, _TENSOR_ELEMENTS = 64, 64  # the optimizer's many-small-tensors update
 
 Point = tuple[float, float, float, float]  # forward FLOPs, forward s, backward s, factor s
 
@@ -92,3 +96,20 @@ def layer_curve(kind: str, device: torch.device) -> list[Point]:
             x = torch.randn(_LINEAR_BATCH, n, device=device)
             points.append(_layer_point(linear, x, 2.0 * _LINEAR_BATCH * n * n))
     return points
+
+
+def _update_s(shapes: list[tuple[int, ...]], device: torch.device) -> float:
+    """Seconds of one update of the job's default optimizer over parameters of ``shapes``."""
+    params = nn.ParameterList(nn.Parameter(torch.randn(*s, device=device)) for s in shapes)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    return per_call_s(make_optimizer(TrainConfig(), params).step, device)
+
+
+def optimizer_tensor_s(device: torch.device) -> float:
+    """Seconds per parameter tensor of the job's optimizer update (its defaults: SGD with
+    momentum and L2): an update of 64 tensors of 64 elements minus that of one tensor of
+    the same 4,096 elements, over the 63 tensors more (>= 0)."""
+    many = _update_s([(_TENSOR_ELEMENTS,)] * _TENSORS, device)
+    one = _update_s([(_TENSORS * _TENSOR_ELEMENTS,)], device)
+    return max(0.0, (many - one) / (_TENSORS - 1))

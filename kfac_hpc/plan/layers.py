@@ -72,6 +72,7 @@ class ModelShape:
     layers: tuple[LayerShape, ...]
     params: int
     activations_per_sample: int
+    param_tensors: int = 0  # trainable parameter tensors (the optimizer loops over them)
 
     @property
     def forward_flops(self) -> float:
@@ -125,8 +126,9 @@ def model_shape(model: str, dataset: str) -> ModelShape:
         )
         for k in layers
     )
-    params = sum(p.numel() for p in net.parameters() if p.requires_grad)
-    return ModelShape(model, dataset, shapes, params, activations)
+    trained = [p for p in net.parameters() if p.requires_grad]
+    params = sum(p.numel() for p in trained)
+    return ModelShape(model, dataset, shapes, params, activations, len(trained))
 
 
 def _probe(

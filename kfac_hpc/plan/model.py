@@ -13,6 +13,7 @@ per rank is memory.py's (the one memory model). See docs/plan.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kfac_hpc.comm.assignment import KAISAAssignment
@@ -40,6 +41,7 @@ __all__ = [
     "collective_s",
     "kfac_assignment",
     "lanes_s",
+    "shared_finish_s",
 ]
 
 METHODS = ("sgd", "kfac-comm-opt", "kfac-hybrid-opt", "kfac-mem-opt")
@@ -149,6 +151,29 @@ def lanes_s(net: NetworkProfile, collectives: list[GroupCollective]) -> float:
     return max(totals.values(), default=0.0)
 
 
+def shared_finish_s(work: list[float], slowdown: Callable[[int], float]) -> list[float]:
+    """Each rank's finish time when every rank starts its ``work`` (seconds on a core alone)
+    at once and the ranks still computing share the cores: while ``k`` of them compute, each
+    advances at ``1 / slowdown(k)`` of its pace alone (a rank done, waiting in the next
+    collective, frees its share)."""
+    order = sorted(range(len(work)), key=work.__getitem__)
+    finish = [0.0] * len(work)
+    clock = done = 0.0
+    for index, rank in enumerate(order):
+        clock += (work[rank] - done) * slowdown(len(work) - index)
+        done = work[rank]
+        finish[rank] = clock
+    return finish
+
+
+def _spread(finish: list[float]) -> tuple[float, float]:
+    """(mean over ranks, slowest − mean) of per-rank times: the job's records report a
+    phase's mean over ranks; the ranks done early spend the difference waiting in the
+    collective after it."""
+    mean = sum(finish) / len(finish)
+    return mean, max(finish) - mean
+
+
 def bucketed_allreduce_s(net: NetworkProfile, nbytes: float, ranks: int, bucket_mb: float) -> float:
     """Allreduce of ``nbytes`` in buckets of at most ``bucket_mb`` MiB (one collective each)."""
     cap = bucket_mb * 2**20
@@ -234,7 +259,9 @@ class CostModel:
         return Prediction(cfg, phases, memory, other)
 
     def _kfac(self, cfg: PlanConfig, phases: dict[str, float], slow: float) -> None:
-        """Fill the K-FAC phases."""
+        """Fill the K-FAC phases. Phases whose work differs by rank (eigendecompositions,
+        preconditioning) are the mean over ranks, as the job records them; the busiest rank's
+        lead is the others' wait in the collective after it (``_spread``)."""
         layers, p = self.shape.layers, cfg.ranks
         assignment = kfac_assignment(self.shape, cfg)
         f, i = cfg.factor_update_steps, cfg.inv_update_steps
@@ -247,7 +274,9 @@ class CostModel:
             bucketed_allreduce_s(self.network, factor_bytes, p, cfg.bucket_mb)
             + self._wait(p, factors)
         ) / f
-        # each rank decomposes the factors the assignment gives it; the busiest sets the phase
+        # each rank decomposes the factors the assignment gives it, the ranks still at it
+        # sharing the cores; the phase is the mean over ranks, the ranks done early wait for
+        # the busiest in the broadcasts that follow
         eigh = [0.0] * p
         for n, layer in enumerate(layers):
             plan = assignment.plan(f"{n}")
@@ -256,18 +285,30 @@ class CostModel:
             a_share = a_part / (a_part + self.compute.eigh_s(layer.n_g))
             eigh[plan.a_worker] += both * a_share
             eigh[plan.g_worker] += both * (1 - a_share)
-        phases["inverse_compute"] = slow * max(eigh) / i
+        mean, behind = _spread(shared_finish_s(eigh, self._contention))
+        phases["inverse_compute"] = mean / i
         groups = self.kfac_collectives(cfg, assignment)
         inverse = [c for c in groups if c.phase == "inverse_comm"]
         if inverse:
-            phases["inverse_comm"] = (lanes_s(self.network, inverse) + self._wait(p, max(eigh))) / i
+            wait = self._wait(p, max(eigh))
+            phases["inverse_comm"] = (lanes_s(self.network, inverse) + wait + behind) / i
+            behind = 0.0
+        # each rank preconditions the layers of its grad-worker row (every row has W ranks)
         rows = [0.0] * len(assignment.rows)
         for n, layer in enumerate(layers):
             rows[assignment.plan(f"{n}").row] += self.compute.precondition_s(layer)
-        phases["precondition"] = slow * max(rows)
+        work = [rows[assignment.row_of(rank)] for rank in range(p)]
+        mean, late = _spread(shared_finish_s(work, self._contention))
+        phases["precondition"] = mean
+        # without inverse broadcasts the ranks wait for the busiest decomposer here instead
+        behind = behind / i + late
         grads = [c for c in groups if c.phase == "grad_broadcast"]
         if grads:
-            phases["grad_broadcast"] = lanes_s(self.network, grads) + self._wait(p, max(rows))
+            phases["grad_broadcast"] = (
+                lanes_s(self.network, grads) + self._wait(p, max(rows)) + behind
+            )
+        else:  # one row: the next collective is the next step's gradient allreduce
+            phases["grad_allreduce"] += behind
 
     def kfac_collectives(
         self, cfg: PlanConfig, assignment: KAISAAssignment | None = None

@@ -68,7 +68,8 @@ class MachineProfile:
     factor s)`` of real layers, FLOPs ascending (when given, they replace the GEMM rate for
     that kind of layer). ``slowdown_curve``: measured ``(ranks, slowdown)`` of compute when
     that many ranks of the allocation compute at once (when given, it replaces the
-    ``cores_per_node`` ratio).
+    ``cores_per_node`` ratio). ``optimizer_tensor_s``: the job's optimizer update's cost per
+    parameter tensor beyond its traffic (a CPU's per-tensor loop).
     """
 
     name: str
@@ -86,6 +87,7 @@ class MachineProfile:
     conv_curve: tuple[tuple[float, float, float, float], ...] = ()
     linear_curve: tuple[tuple[float, float, float, float], ...] = ()
     slowdown_curve: tuple[tuple[int, float], ...] = ()
+    optimizer_tensor_s: float = 0.0
 
     def eigh_s(self, n: int) -> float:
         """Seconds of one eigendecomposition of size ``n``: log-log interpolation of
@@ -181,6 +183,7 @@ PROFILE_FIELDS: tuple[ProfileField, ...] = (
     ProfileField("machine", "step_overhead_s", "float", 0.0, 60.0, 0.0, "s"),
     ProfileField("machine", "data_s_per_sample", "float", 0.0, 60.0, 0.0, "s"),
     ProfileField("machine", "compute_cv", "float", 0.0, 1.0, 0.0),
+    ProfileField("machine", "optimizer_tensor_s", "float", 0.0, 1.0, 0.0, "s"),
     ProfileField("network", "ranks_per_node", "int", 1, 1024),
     ProfileField("network", "nics_per_node", "int", 0, 1024, 0),
     *(

@@ -37,7 +37,7 @@ from torch import nn
 from kfac_hpc.contracts.atomic import write_bytes_atomic
 from kfac_hpc.plan.alphabeta import AlphaBeta, fit_alpha_beta
 from kfac_hpc.plan.calibrate import SYNC_BYTES, fit_wait, gemm_s, sync_reps, sync_rounds
-from kfac_hpc.plan.layer_rates import layer_curve
+from kfac_hpc.plan.layer_rates import layer_curve, optimizer_tensor_s
 from kfac_hpc.plan.overhead import JobOverhead, measure_job_overhead
 from kfac_hpc.plan.placement import price_s
 from kfac_hpc.plan.profiles import NetworkProfile
@@ -115,7 +115,8 @@ def _device_rates(device: torch.device, sizes: Sequence[int]) -> dict[str, objec
     dst = torch.empty_like(src)
     copy = 2 * _COPY_BYTES / _timed(lambda: dst.copy_(src), device, 5)
     curves = {f"{kind}_curve": layer_curve(kind, device) for kind in ("conv", "linear")}
-    return {"eigh_curve": curve, "gemm": gemm, "copy": copy, **curves}
+    optimizer = optimizer_tensor_s(device)
+    return {"eigh_curve": curve, "gemm": gemm, "copy": copy, "optimizer": optimizer, **curves}
 
 
 def _groups(world: int, per_node: int) -> list[list[int]]:
@@ -266,6 +267,7 @@ def profile_text(
             for key in ("conv_curve", "linear_curve")
             if key in rates
         ),
+        *([f"optimizer_tensor_s = {rates['optimizer']:.6g}"] if "optimizer" in rates else []),
         *(host.machine_lines() if host else []),
         "",
         "[network]",

@@ -164,6 +164,7 @@ def build_summary(
             "samples_per_s_per_rank": rank_rates,
             "phases_s": means["phases_s"],
             "rank_phases_s": means["rank_phases_s"],
+            "rank_step_s": means["rank_step_s"],
         }
     )
     return summary

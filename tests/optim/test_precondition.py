@@ -142,3 +142,14 @@ def test_second_order_data_is_column_major_on_every_path(kind: ComputeMethod) ->
         assert held.mT.is_contiguous() and not held.is_contiguous(), held.stride()
     loaded = method.from_tensors([t.contiguous() for t in computed.tensors()])
     assert torch.equal(loaded.tensors()[0], matrix)
+
+
+def test_comm_opt_times_no_gradient_broadcast() -> None:
+    """Under COMM-OPT (one rank: every rank is a grad worker of every layer) no gradient is
+    broadcast, so the phase is not timed: it reads 0, not the cost of looking for routes."""
+    model = _model()
+    pre = KFACPreconditioner(model, factor_update_steps=1, inv_update_steps=1)
+    assert pre.assignment.distribution.value == "comm-opt"
+    _run_step(pre, model)
+    assert pre.last_timings["grad_broadcast"] == 0.0
+    assert pre.last_timings["precondition"] > 0.0  # the timed phases still are

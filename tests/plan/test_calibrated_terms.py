@@ -12,14 +12,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 
 from kfac_hpc.cli import main
+from kfac_hpc.plan import layer_rates as rates
 from kfac_hpc.plan.alphabeta import AlphaBeta
 from kfac_hpc.plan.calibrate import fit_wait
 from kfac_hpc.plan.compute_costs import RatedCompute, layer_kind
 from kfac_hpc.plan.errors import PlanInputError
-from kfac_hpc.plan.layers import model_shape
+from kfac_hpc.plan.layers import build_network, model_shape
 from kfac_hpc.plan.model import CostModel, Host, PlanConfig, bucketed_allreduce_s
 from kfac_hpc.plan.overhead import JobOverhead, _one_process_env
 from kfac_hpc.plan.planner import build_cost_model
@@ -146,6 +148,7 @@ def test_profile_text_with_the_measured_host_round_trips(tmp_path: Path) -> None
         "copy": 5e9,
         "conv_curve": [list(p) for p in CONV],
         "linear_curve": [list(p) for p in LINEAR],
+        "optimizer": 1.5e-5,
     }
     host = SiteHost([[1, 1.0], [2, 1.4]], [[2, 1e-4, 0.3]], JobOverhead(2e-6, 5e-4), "digits")
     path = tmp_path / "site.toml"
@@ -154,7 +157,25 @@ def test_profile_text_with_the_measured_host_round_trips(tmp_path: Path) -> None
     assert machine.conv_curve == CONV and machine.linear_curve == LINEAR  # 6 digits hold them
     assert machine.slowdown_curve == ((1, 1.0), (2, 1.4))
     assert (machine.data_s_per_sample, machine.step_overhead_s) == (2e-6, 5e-4)
+    assert machine.optimizer_tensor_s == 1.5e-5
     assert net.sync == ((2, 1e-4, 0.3),)
+
+
+def test_the_optimizer_pays_its_traffic_and_a_cost_per_parameter_tensor() -> None:
+    tensors = len(list(build_network("small_cnn", "digits").parameters()))
+    assert SHAPE.param_tensors == tensors  # the network's own count (weights and biases)
+    machine = MachineProfile("cpu", 1e10, 1e9, 1e10, 1e10, optimizer_tensor_s=2e-5)
+    traffic = 20 * SHAPE.params / 1e10  # read w, g, momentum; write w, momentum (FP32)
+    got = RatedCompute(machine, SHAPE).optimizer_s(64)
+    assert got == pytest.approx(traffic + 2e-5 * tensors)
+    assert RatedCompute(MACHINE, SHAPE).optimizer_s(64) == pytest.approx(traffic)  # unmeasured
+
+
+def test_the_optimizer_tensor_cost_is_what_many_small_tensors_add(monkeypatch) -> None:
+    """(64 small tensors' update − one tensor of their elements) / 63, on timed stand-ins."""
+    updates = {64: 3.2e-3, 1: 0.05e-3}
+    monkeypatch.setattr(rates, "_update_s", lambda shapes, device: updates[len(shapes)])
+    assert rates.optimizer_tensor_s(torch.device("cpu")) == pytest.approx(3.15e-3 / 63)
 
 
 @pytest.mark.parametrize(

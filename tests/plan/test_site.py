@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from kfac_hpc.cli import main
+from kfac_hpc.contracts.records import phase_step_s
 from kfac_hpc.plan.alphabeta import AlphaBeta
 from kfac_hpc.plan.layer_rates import CONV_CHANNELS, LINEAR_WIDTHS
 from kfac_hpc.plan.profiles import load_profile
@@ -135,6 +136,9 @@ def test_srun_calibrates_a_profile_that_predicts_a_real_two_node_run(
     assert result.returncode == 0, result.stderr[-2000:]
     run = json.loads((sweep / "run" / "run.json").read_text())
     assert run["world_size"] == 2
+    # each rank's phases lie inside its steps, so the ranks' mean step covers the mean phases
+    assert len(run["rank_step_s"]) == 2
+    assert phase_step_s(run) >= sum(run["phases_s"].values())
     explained = CliRunner().invoke(main, ["plan", "--explain", str(sweep), "--hardware", str(site)])
     assert explained.exit_code == 0, explained.output
     (predicted,) = json.loads((sweep / "predicted.json").read_text())["runs"].values()
