@@ -404,10 +404,13 @@ class FOSI(torch.optim.Optimizer):
         shard, dtype, o = self.shard, self.params[0].dtype, self.options
         basis_dtype = dtype if o.lanczos_dtype == "training" else torch.float64
         wd = weight_decay_vector(self.base, self.bounds, shard).to(basis_dtype)
+        decays = bool(wd.any())  # no weight decay: no pass over wd and q per product
 
         def operator(q: torch.Tensor) -> torch.Tensor:
             hv = hvp(shard.gather(q.to(dtype)))  # cast first: half the bytes gathered
-            return shard.reduce_scatter_mean(hv).to(basis_dtype) + wd * q
+            # a new tensor (the product's own, or its cast), so the decay is added in place
+            hv = shard.reduce_scatter_mean(hv).to(basis_dtype)
+            return hv.addcmul_(wd, q) if decays else hv
 
         m = min(o.iterations, self.n)
         start = None  # warm: from the last ESE's V, where this rank holds one
