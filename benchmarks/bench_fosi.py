@@ -257,6 +257,8 @@ def summarise_variants(job: dict[str, Any]) -> dict[str, Any]:
             "step_s": harness.stats(step),
             "ese_share_at_interval": harness.stats(share),
             "ese_share_at_longest": harness.stats(longest),
+            "ese_s_per_round": ese,  # the rounds' order: the variants' ratios round by round
+            "ese_share_per_round": share,
             "lanczos_steps": [int(rnd[0]["lanczos_steps"]) for rnd in per_round],
             "reorthogonalized": [int(rnd[0]["reorthogonalized"]) for rnd in per_round],
             # whether the ESE check dropped the first subspace (the second ESE then started cold)
