@@ -83,8 +83,9 @@ def _cloned(tree: Any) -> Any:
 
 class FOSI(torch.optim.Optimizer):
     """FOSI / DHO2 around ``base`` (built on the same ``params``); see the module docstring and
-    docs/fosi.md. ``model``: the module the parameters belong to, for forward-over-reverse
-    HVPs and to keep its buffers (BatchNorm statistics) unchanged by ESE.
+    docs/fosi.md. ``model``: the module the parameters belong to, to keep its buffers
+    (BatchNorm statistics) unchanged by ESE, and for forward-over-reverse HVPs when
+    ``hvp="forward-over-reverse"`` (``"auto"`` is double backward).
 
     Its ``param_groups`` are the base's (the same dicts), so a learning-rate scheduler may be
     attached to either."""
