@@ -4,7 +4,8 @@ One command: ``.venv/bin/python benchmarks/bench_fosi.py`` starts itself as 1, 2
 ranks (``mpiexec``), one job after the other, each running the same workload:
 
 * a float32 MLP 1024-1024-1024-10 (2.1 M parameters), SGD with momentum 0.9 as the base, FOSI
-  with k = 10, l = 0 (m = 40 Lanczos steps, forward-over-reverse HVPs), training micro-batches
+  with k = 10, l = 0 (m = 40 Lanczos steps, double-backward HVPs: ``hvp="auto"``), training
+  micro-batches
   of 32 and curvature micro-batches of 64 per rank;
 * memory, ``--rounds`` times (3): with the model and its gradients already allocated, the kernel's
   resident-set high-water mark of this process is reset (``/proc/self/clear_refs``, 5) and its
@@ -37,7 +38,10 @@ defaults) and with the cheaper ESE (``CHEAP``: HVPs on the leading quarter of
 the curvature batch, Lanczos warm-started from the previous V and stopped once the pairs
 converged, ``lanczos_tol`` = ``residual_tol``), with the Lanczos basis in float32 (``f32``:
 ``lanczos_dtype="training"``), with both, and each of these with partial reorthogonalization
-(``partial``: ``reorthogonalize="partial"``); the share is
+(``partial``: ``reorthogonalize="partial"``), and two of them with the Hessian-vector products
+by forward-over-reverse (``/fwd``: ``hvp="forward-over-reverse"``, what ``auto`` chose before
+2026-12-03), so that the route's effect is measured in the same run; ``--variants`` runs a
+subset (comma-separated names); the share is
 also given at 800 steps, the adaptive schedule's longest interval (8 x 100): per round
 and variant a FOSI runs an ESE, two plain steps and a second ESE (the one timed: the warm start
 has a previous V), then five timed plain steps; at P = 1, 2 and 4 (``--world-sizes``). Target:
@@ -96,6 +100,13 @@ ESE_VARIANTS: dict[str, dict[str, Any]] = {
     "partial": PARTIAL,
     "f32+partial": {"lanczos_dtype": "training", **PARTIAL},
     "f32+cheap+partial": {**CHEAP, "lanczos_dtype": "training", **PARTIAL},
+    "full/fwd": {**FULL, "hvp": "forward-over-reverse"},
+    "f32+cheap+partial/fwd": {
+        **CHEAP,
+        "lanczos_dtype": "training",
+        **PARTIAL,
+        "hvp": "forward-over-reverse",
+    },
 }
 # the adaptive schedule's longest interval (kfac_hpc.optim.fosi.ese_interval.LONGEST x 100):
 # the share there is the least the adaptive schedule can reach on a still subspace
@@ -188,9 +199,11 @@ def measure(rank: int, rounds_count: int) -> dict[str, Any]:
             "rounds": rounds, "hvp_s": hvp_s}  # fmt: skip
 
 
-def measure_ese_variants(rank: int, rounds_count: int) -> dict[str, list[dict[str, float]]]:
-    """Per ESE_VARIANTS entry and round (interleaved): the second ESE's seconds and Lanczos
-    steps, and the median seconds of five plain steps."""
+def measure_ese_variants(
+    rank: int, rounds_count: int, names: list[str]
+) -> dict[str, list[dict[str, float]]]:
+    """Per ESE_VARIANTS entry of ``names`` and round (interleaved): the second ESE's seconds
+    and Lanczos steps, and the median seconds of five plain steps."""
     import torch
     from torch import nn
 
@@ -225,9 +238,7 @@ def measure_ese_variants(rank: int, rounds_count: int) -> dict[str, list[dict[st
                 "first_rejected": float(bool(opt.rejected_at)),
                 "reorthogonalized": opt.last_reorthogonalized}  # fmt: skip
 
-    return harness.interleave(
-        {name: functools.partial(one, name) for name in ESE_VARIANTS}, rounds_count
-    )
+    return harness.interleave({name: functools.partial(one, name) for name in names}, rounds_count)
 
 
 def summarise_variants(job: dict[str, Any]) -> dict[str, Any]:
@@ -235,7 +246,7 @@ def summarise_variants(job: dict[str, Any]) -> dict[str, Any]:
     ESE_EVERY, over rounds."""
     ranks = [r["ese_variants"] for r in job["ranks"]]
     out: dict[str, Any] = {"world_size": job["world_size"]}
-    for name in ESE_VARIANTS:
+    for name in ranks[0]:
         per_round = list(zip(*(r[name] for r in ranks), strict=True))
         ese = [max(r["ese_s"] for r in rnd) for rnd in per_round]
         step = [max(r["step_s"] for r in rnd) for rnd in per_round]
@@ -246,6 +257,8 @@ def summarise_variants(job: dict[str, Any]) -> dict[str, Any]:
             "step_s": harness.stats(step),
             "ese_share_at_interval": harness.stats(share),
             "ese_share_at_longest": harness.stats(longest),
+            "ese_s_per_round": ese,  # the rounds' order: the variants' ratios round by round
+            "ese_share_per_round": share,
             "lanczos_steps": [int(rnd[0]["lanczos_steps"]) for rnd in per_round],
             "reorthogonalized": [int(rnd[0]["reorthogonalized"]) for rnd in per_round],
             # whether the ESE check dropped the first subspace (the second ESE then started cold)
@@ -259,18 +272,20 @@ def report_variants(jobs: list[dict[str, Any]]) -> None:
     print(f"ESE share of step time at ese_every = {ESE_EVERY}, full vs cheap "
           f"({ESE_VARIANTS['cheap']}); MLP 2.1 M parameters, k = 10, curvature batch 64 per "
           "rank, gloo on CPU; median (min..max) over rounds, slowest rank")  # fmt: skip
-    print(f"{'P':>2} {'variant':<17} {'ESE s':>22} {'step s':>24} {'ESE share':>22} "
+    print(f"{'P':>2} {'variant':<21} {'ESE s':>22} {'step s':>24} {'ESE share':>22} "
           f"Lanczos steps (passes)  ESE vs full  share at {ESE_EVERY_LONGEST}")  # fmt: skip
     for job in jobs:
-        base = job["full"]["ese_s"]["median"]
-        for name in ESE_VARIANTS:
+        names = [name for name in ESE_VARIANTS if name in job]
+        base = job[names[0]]["ese_s"]["median"]
+        for name in names:
             v = job[name]
             e, s, sh = v["ese_s"], v["step_s"], v["ese_share_at_interval"]
-            print(f"{job['world_size']:>2} {name:<17} {e['median']:>7.3f} ({e['min']:.3f}.."
+            print(f"{job['world_size']:>2} {name:<21} {e['median']:>7.3f} ({e['min']:.3f}.."
                   f"{e['max']:.3f}) {s['median']:>8.4f} ({s['min']:.4f}..{s['max']:.4f})"
                   f" {sh['median'] * 100:>6.1f} % ({sh['min'] * 100:.1f}..{sh['max'] * 100:.1f})"
                   f" {v['lanczos_steps']} ({v['reorthogonalized']})  {e['median'] / base:.2f}x"
                   f"  {v['ese_share_at_longest']['median'] * 100:.1f} %")  # fmt: skip
+    print("(ESE vs the first variant listed)")
 
 
 def _record_collectives(log: list[tuple[str, int, float]]) -> Any:
@@ -353,7 +368,7 @@ def measure_comm(rank: int, world: int, rounds_count: int) -> list[dict[str, Any
     return [{path: measured[path][i] for path in COMM_PATHS} for i in range(rounds_count)]
 
 
-def worker(out: Path, rounds_count: int, variants: bool) -> None:
+def worker(out: Path, rounds_count: int, variants: list[str] | None) -> None:
     import torch
     import torch.distributed as dist
 
@@ -362,10 +377,12 @@ def worker(out: Path, rounds_count: int, variants: bool) -> None:
     ctx = init_distributed(backend="gloo", timeout_s=600)
     torch.set_num_threads(1)
     if variants:
-        mine: dict[str, Any] = {"ese_variants": measure_ese_variants(ctx.rank, rounds_count)}
+        mine: dict[str, Any] = {
+            "ese_variants": measure_ese_variants(ctx.rank, rounds_count, variants)
+        }
     else:
         mine = measure(ctx.rank, rounds_count)
-    if ctx.world_size > 1 and not variants:
+    if ctx.world_size > 1 and variants is None:
         mine["comm"] = measure_comm(ctx.rank, ctx.world_size, rounds_count)
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
@@ -488,16 +505,23 @@ def main() -> int:
         help="ESE share: full reorthogonalization vs cheaper ESEs",
     )
     parser.add_argument("--world-sizes", help="comma-separated rank counts (default 1,2,4)")
+    parser.add_argument(
+        "--variants", help="with --ese-variants: comma-separated names (default: all)"
+    )
     args = parser.parse_args()
+    names = args.variants.split(",") if args.variants else list(ESE_VARIANTS)
+    unknown = [name for name in names if name not in ESE_VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)}; use of {', '.join(ESE_VARIANTS)}")
     if args.worker is not None:
-        worker(args.worker, args.rounds, args.ese_variants)
+        worker(args.worker, args.rounds, names if args.ese_variants else None)
         return 0
     bench = harness.Benchmark("bench_fosi_ese" if args.ese_variants else "bench_fosi")
     default_sizes = ",".join(map(str, WORLD_SIZES))
     sizes = [int(w) for w in (args.world_sizes or default_sizes).split(",")]
     jobs = []
     for world in sizes:
-        extra = ["--ese-variants"] if args.ese_variants else []
+        extra = ["--ese-variants", "--variants", ",".join(names)] if args.ese_variants else []
         job = harness.launch(
             __file__,
             "--rounds",
@@ -505,13 +529,14 @@ def main() -> int:
             *extra,
             ranks=world,
             env={"OMP_NUM_THREADS": "1"},
-            timeout=900,
+            # a variant's round is two ESEs and eight steps: about a minute on a busy machine
+            timeout=max(900, 120 * len(names) * args.rounds) if args.ese_variants else 900,
         )
         jobs.append(summarise_variants(job) if args.ese_variants else summarise(job))
     if args.ese_variants:
         report_variants(jobs)
         for job in jobs:
-            for name in ESE_VARIANTS:
+            for name in names:
                 bench.target(
                     f"FOSI ESE share at ese_every {ESE_EVERY}, P = {job['world_size']}, {name}",
                     job[name]["ese_share_at_interval"]["median"],

@@ -449,7 +449,13 @@ FOSI_OPTIONS: tuple[Option, ...] = (
         check="at_least_one",
         maximum=1e6,
     ),
-    _f("fosi_hvp", "str", "auto", "Hessian-vector products by", choices=HVP_MODES),
+    _f(
+        "fosi_hvp",
+        "str",
+        "auto",
+        "Hessian-vector products by (auto: double backward, the faster route measured)",
+        choices=HVP_MODES,
+    ),
     _f(
         "curvature_ranks",
         "int",

@@ -83,8 +83,9 @@ def _cloned(tree: Any) -> Any:
 
 class FOSI(torch.optim.Optimizer):
     """FOSI / DHO2 around ``base`` (built on the same ``params``); see the module docstring and
-    docs/fosi.md. ``model``: the module the parameters belong to, for forward-over-reverse
-    HVPs and to keep its buffers (BatchNorm statistics) unchanged by ESE.
+    docs/fosi.md. ``model``: the module the parameters belong to, to keep its buffers
+    (BatchNorm statistics) unchanged by ESE, and for forward-over-reverse HVPs when
+    ``hvp="forward-over-reverse"`` (``"auto"`` is double backward).
 
     Its ``param_groups`` are the base's (the same dicts), so a learning-rate scheduler may be
     attached to either."""
@@ -411,10 +412,13 @@ class FOSI(torch.optim.Optimizer):
         shard, dtype, o = self.shard, self.params[0].dtype, self.options
         basis_dtype = dtype if o.lanczos_dtype == "training" else torch.float64
         wd = weight_decay_vector(self.base, self.bounds, shard).to(basis_dtype)
+        decays = bool(wd.any())  # no weight decay: no pass over wd and q per product
 
         def operator(q: torch.Tensor) -> torch.Tensor:
             hv = hvp(shard.gather(q.to(dtype)))  # cast first: half the bytes gathered
-            return shard.reduce_scatter_mean(hv).to(basis_dtype) + wd * q
+            # a new tensor (the product's own, or its cast), so the decay is added in place
+            hv = shard.reduce_scatter_mean(hv).to(basis_dtype)
+            return hv.addcmul_(wd, q) if decays else hv
 
         m = min(o.iterations, self.n)
         start = None  # warm: from the last ESE's V, where this rank holds one
