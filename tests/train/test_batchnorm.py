@@ -68,15 +68,16 @@ def test_no_batchnorm_runs_nothing_and_empty_inputs_are_refused() -> None:
         assert torch.equal(value, before[key]), key
 
 
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def _eval_losses(run_dir: Path) -> dict[int, float]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
-    return {r["step"]: r["loss"] for r in records if r["kind"] == "eval"}
+    return {r["step"]: r["loss"] for r in _records(run_dir) if r["kind"] == "eval"}
 
 
 def _train_losses(run_dir: Path) -> list[float]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line)["loss"] for line in lines if json.loads(line)["kind"] != "eval"]
+    return [r["loss"] for r in _records(run_dir) if r["kind"] != "eval"]
 
 
 def test_the_job_tests_with_recomputed_statistics_and_trains_as_without(tmp_path: Path) -> None:
