@@ -6,6 +6,11 @@ asks which method it runs. Preemption is agreed once per step: each rank's flag
 (:meth:`~kfac_hpc.train.preemption.PreemptionHandler.local_flag`) rides in the step's gradient
 allreduce with the time-limit and checkpoint flags, so it costs no collective of its own.
 
+A method's curvature ranks (FOSI's ``curvature_ranks``) take no step: they run
+:meth:`Job.serve` instead of the loop, on orders from training rank 0
+(:mod:`kfac_hpc.train.curvature_ranks`), and the step's flags are summed over the training
+ranks only; the whole world meets at evaluations, checkpoints and the attempt's end.
+
 A run whose training loss or parameters become non-finite stops with
 :class:`TrainingDiverged` on every rank alike, and never checkpoints that state: rank 0 sees a
 non-finite window loss and says so in the next step's flags; a checkpoint first checks that the
@@ -46,6 +51,13 @@ from kfac_hpc.contracts.targets import HIGHER_IS_BETTER
 from kfac_hpc.runtime import DistributedContext
 from kfac_hpc.train.attempt import average_buffers, broadcast_parameters, parameters_finite
 from kfac_hpc.train.config import ConfigError, TrainConfig
+from kfac_hpc.train.curvature_ranks import (
+    ENDS,
+    Order,
+    OrderSender,
+    PeerAborted,
+    receive_order,
+)
 from kfac_hpc.train.data import DataSource, ShardedBatches
 from kfac_hpc.train.faults import fault_plan
 from kfac_hpc.train.methods import MethodSetup, build_method, method_name
@@ -214,6 +226,13 @@ class Job:
         self.diverged_at = 0  # rank 0: the step ending the first window with a non-finite loss
         self.last_ckpt_time = time.perf_counter()
         self.skipped: list[SkippedCheckpoint] = []  # checkpoints this attempt's resume passed
+        curvature = self.method.curvature_ranks
+        self.trainers = self.world_size - curvature  # the first ranks; the others serve them
+        self.orders = (  # training rank 0's orders to the curvature ranks
+            OrderSender(self.trainers, curvature, ctx.timeout_s)
+            if curvature and self.rank == 0
+            else None
+        )
 
     def _skip(self, item: SkippedCheckpoint) -> None:
         """A checkpoint the resume passed over: a line on rank 0, an entry of run.json."""
@@ -354,14 +373,68 @@ class Job:
         progress: Progress,
         preemption: PreemptionHandler,
     ) -> str:
-        """Train until done; returns how the attempt ended: done, time_limit, target, preempted."""
-        config = self.config
+        """Train until done (a curvature rank: :meth:`serve`); returns how the attempt ended:
+        done, time_limit, target, preempted. Training rank 0 tells the curvature ranks."""
+        if self.method.is_curvature_rank:
+            return self.serve(pos, progress)
+        try:
+            end = self._train(pos, recorder, progress, preemption)
+        except BaseException:
+            if self.orders is not None:
+                self.orders.abort(pos.step)
+            raise
+        if self.orders is not None:
+            self.orders.meet(Order.FINISH, pos.step, ENDS.index(end))
+        return end
+
+    def serve(self, pos: Position, progress: Progress) -> str:
+        """A curvature rank: serve training rank 0's orders until the loop ends (``pos.step``
+        is then the step it ended at); returns how it ended."""
+        while True:
+            order, step, value = receive_order()
+            if order is Order.ESE:
+                if self.fault is not None:
+                    self.fault.hold_ese(self.rank, step, self.run_dir.root)
+                x, y = self.step.batch(step)
+                self.method.serve(step, value, self.step.curvature_loss(x, y))
+            elif order is Order.EVALUATE:
+                self._evaluate_at(step, progress)
+            elif order is Order.SAVE:
+                self.save(step)
+            elif order is Order.FINISH:
+                pos.step = step
+                return ENDS[value]
+            elif order is Order.ABORT:
+                self._await_error_marker()
+                raise PeerAborted(f"training rank 0 stopped the run at step {step}")
+
+    def _await_error_marker(self, bound_s: float = 30.0) -> None:
+        """Give the failing training rank the time to leave its message as the run's error."""
+        deadline = time.monotonic() + bound_s
+        while not self.run_dir.marker("error").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def _train(
+        self,
+        pos: Position,
+        recorder: WindowRecorder,
+        progress: Progress,
+        preemption: PreemptionHandler,
+    ) -> str:
+        """The training ranks' loop."""
+        config, orders = self.config, self.orders
         while pos.step < self.total_steps:
             if self.fault is not None:
                 self.fault.check(self.rank, self.world_size, pos.step, pos.start_step, preemption)
+                self.fault.release(self.rank, pos.step, self.run_dir.root)
             self.timer.begin_step()
             lr = learning_rate(config, pos.step, self.steps_per_epoch, self.total_steps)
             local = list(self._local_flags(preemption))
+            if orders is not None:
+                number = self.method.curvature_request()
+                if number is not None:
+                    orders.send(Order.ESE, pos.step, number)
+                orders.tick(pos.step)
             loss, summed = self.step(pos.step, lr, local, self.timer)
             flags = StepFlags(*summed)
             pos.step += 1
@@ -371,12 +444,16 @@ class Job:
             self.timer.skip()  # the bookkeeping is neither optimizer nor checkpoint time
             every = config.checkpoint_every_steps
             if preempted or flags.checkpoint_due > 0 or (every and pos.step % every == 0):
+                if orders is not None:
+                    orders.meet(Order.SAVE, pos.step)
                 self.save(pos.step)
                 self.timer.lap("checkpoint")
             self.timer.end_step()
             if pos.step % config.log_every == 0:
                 self._close_window(recorder, pos.step, progress)
             if self._evaluation_due(pos.step):
+                if orders is not None:
+                    orders.meet(Order.EVALUATE, pos.step)
                 self._evaluate_at(pos.step, progress)
             if preempted:
                 return "preempted"
@@ -392,7 +469,11 @@ class Job:
         return step % self.steps_per_epoch == 0 or (every > 0 and step % every == 0)
 
     def _close_window(self, recorder: WindowRecorder, step: int, progress: Progress) -> None:
-        record = recorder.close(self.timer, step, step // self.steps_per_epoch, self.wall_s())
+        if self.method.is_curvature_rank:  # training rank 0 writes its row
+            return
+        curvature = self.method.drain_curvature_phases() if self.rank == 0 else None
+        epoch = step // self.steps_per_epoch
+        record = recorder.close(self.timer, step, epoch, self.wall_s(), curvature)
         progress.window(step, record)
         if record and not self.diverged_at and not math.isfinite(record["loss"]):
             self.diverged_at = step

@@ -19,7 +19,7 @@ from torch import nn
 from kfac_hpc.optim.fosi.curvature_batch import leading_rows
 from kfac_hpc.train.data import ShardedBatches
 from kfac_hpc.train.grad_sync import GradientAllreduce
-from kfac_hpc.train.methods import Method
+from kfac_hpc.train.methods import CurvatureLoss, Method
 from kfac_hpc.train.precision import Precision
 from kfac_hpc.train.timing import PhaseTimer
 
@@ -40,11 +40,14 @@ class TrainStep:
         world_size: int,
         precision: Precision | None = None,
     ) -> None:
+        """``world_size``: every rank; the step's collectives run over the method's training
+        ranks (all but its ``curvature_ranks``)."""
         self.model = model
         self.batches = batches
         self.device = device
         self.method = method
-        self.grad_sync = GradientAllreduce(model, world_size)
+        trainers = world_size - method.curvature_ranks
+        self.grad_sync = GradientAllreduce(model, trainers, method.training_group)
         self.precision = precision or Precision("fp32", device)
         self.loss_fn = batches.source.loss
 
@@ -52,15 +55,22 @@ class TrainStep:
         with self.precision.autocast():
             return self.loss_fn(self.model(x), y)
 
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's (inputs, labels) of optimizer step ``step``, on the device."""
+        epoch, index = divmod(step, self.batches.steps_per_epoch)
+        x, y = self.batches.batch(epoch, index)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def curvature_loss(self, x: torch.Tensor, y: torch.Tensor) -> CurvatureLoss:
+        """The loss of the batch ``(x, y)`` (or of its leading rows), for curvature work."""
+        return lambda fraction=1.0: self._loss(*leading_rows(fraction, x, y))
+
     def __call__(
         self, step: int, lr: float, flags: list[float], timer: PhaseTimer
     ) -> tuple[torch.Tensor, list[float]]:
         """Optimizer step ``step`` at learning rate ``lr``; returns (loss, the flags summed over
-        ranks)."""
-        epoch, index = divmod(step, self.batches.steps_per_epoch)
-        x, y = self.batches.batch(epoch, index)
-        x = x.to(self.device, non_blocking=True)
-        y = y.to(self.device, non_blocking=True)
+        the training ranks)."""
+        x, y = self.batch(step)
         timer.lap("data")
         loss = self._loss(x, y)
         timer.lap("forward")
@@ -73,7 +83,7 @@ class TrainStep:
         timer.lap("grad_allreduce")
         for group in optimizer.param_groups:
             group["lr"] = lr
-        self.method.step(timer, lambda fraction=1.0: self._loss(*leading_rows(fraction, x, y)))
+        self.method.step(timer, self.curvature_loss(x, y))
         self.precision.update()
         return loss, flags
 
