@@ -13,6 +13,8 @@ resumed from a checkpoint ends bit for bit where the uninterrupted run does.
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,15 @@ from kfac_hpc.train.data import ShardedBatches
 from kfac_hpc.train.step import evaluate
 from kfac_hpc.train.workloads import build_model, load_data
 
-from .conftest import explain, metrics, read_json, run_ranks
+from .conftest import (
+    explain,
+    metrics,
+    rank_pids,
+    read_json,
+    run_ranks,
+    start_until_checkpoint,
+    train_cmd,
+)
 
 pytestmark = pytest.mark.mpi
 
@@ -105,3 +115,41 @@ def test_a_run_resumed_with_a_curvature_rank_ends_where_the_uninterrupted_run_en
         assert torch.equal(tensor, _model(end_b)[key]), key
     for name in ("eigenvalues", "eigenvectors", "velocity"):
         assert torch.equal(end_a["fosi_state"][name], end_b["fosi_state"][name]), name
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_training_rank_that_raises_ends_the_curvature_rank_too(tmp_path, rank: int) -> None:
+    run = tmp_path / "run"
+    fault = {"KFAC_HPC_FAULT_INJECT": f"rank={rank},step=5"}
+    # the collective timeout bounds any wait; run_ranks' own timeout turns a hang into a failure
+    args = [*FOSI, "--max-staleness", "2", "--steps", "24", "--collective-timeout-s", "60"]
+    proc = run_ranks(3, run, *args, env=fault)
+    assert proc.returncode != 0, explain(proc)
+    summary = read_json(run / "run.json")
+    assert summary["state"] == "error" and summary["world_size"] == 3
+    assert f"injected fault on rank {rank} at step 5" in summary["error"]
+    assert not (run / "done").exists()
+
+
+def test_a_preemption_signal_stops_every_rank_with_a_checkpoint_and_the_run_resumes(tmp_path):
+    run = tmp_path / "run"
+    args = [*FOSI, "--max-staleness", "2", "--steps", "80", "--checkpoint-every", "20"]
+    # training rank 0 holds before step 30 until the signal has reached it: the stop is at 31
+    hold = {"KFAC_HPC_FAULT_INJECT": "rank=0,step=30,hold=preempt,world=3"}
+    mpiexec = str(Path(train_cmd(run)[0]).parent / "mpiexec")
+    proc = start_until_checkpoint(run, *args, launcher=(mpiexec, "-n", "3"), env=hold)
+    pids = rank_pids(run)
+    assert len(pids) == 3, pids
+    for pid in pids:  # as Slurm signals every task of the step, the curvature rank included
+        os.kill(pid, signal.SIGUSR2)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 75, out[-2000:] + err[-2000:]
+    first = read_json(run / "run.json")
+    assert first["state"] == "preempted" and first["world_size"] == 3 and first["steps"] == 31
+    assert load_checkpoint(run / "checkpoints" / "ckpt-00000031.h5").world_size == 3
+    again = run_ranks(3, run, *args)
+    assert again.returncode == 0, explain(again)
+    summary = read_json(run / "run.json")
+    assert summary["state"] == "done" and summary["restarts"] == 1 and summary["steps"] == 80
+    assert summary["attempts"][1]["start_step"] == 31
+    assert validate_run_dir(run) == []
