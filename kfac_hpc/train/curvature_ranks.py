@@ -58,7 +58,7 @@ class OrderSender:
         self.ranks = range(first, first + count)
         self.alive_every_s = timeout_s / 2
         self.last = time.monotonic()
-        self.works: list[dist.Work] = []
+        self.works: list[tuple[dist.Work, torch.Tensor]] = []  # sends and their buffers
 
     def send(self, order: Order, step: int, value: int = 0) -> None:
         """Send ``order`` to every curvature rank (returns at once)."""
@@ -66,13 +66,13 @@ class OrderSender:
         for rank in self.ranks:
             work = dist.isend(message, rank, tag=TAG)
             assert work is not None
-            self.works.append(work)
+            self.works.append((work, message))
         self.last = time.monotonic()
 
     def meet(self, order: Order, step: int, value: int = 0) -> None:
         """Send an order of a world meeting; the orders before it have been received by
         then (the curvature ranks handle them in turn), so their sends are done."""
-        for work in self.works:
+        for work, _ in self.works:
             work.wait()
         self.works = []
         self.send(order, step, value)
@@ -86,7 +86,7 @@ class OrderSender:
         """Best effort, on the way out of a failure: tell the curvature ranks to fail."""
         try:
             self.send(Order.ABORT, step)
-            for work in self.works[-len(self.ranks) :]:
+            for work, _ in self.works[-len(self.ranks) :]:
                 work.wait(datetime.timedelta(seconds=10))
         except Exception:  # a dead peer fails on its own; this rank is failing anyway
             pass
