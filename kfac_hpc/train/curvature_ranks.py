@@ -4,11 +4,11 @@ Curvature ranks take no training step and are in none of the step's collectives,
 curvature rank busy with a seconds-long ESE holds no training rank. They wait for orders
 instead: an ``ESE`` order before the step that requests one (its parameter snapshot and result
 travel as the method's pipeline sends them), and an order before every meeting of the whole
-world — an evaluation, a checkpoint, the attempt's end (``FINISH``, saying how it ended: done,
-time limit, target, preemption) — so that the curvature ranks join its collectives. Every
-decision the training ranks agree on at a step (the clock's checkpoint, the time limit, a
-preemption signal, divergence) reaches the curvature ranks as such an order; the training ranks
-wait for them only at the meetings.
+world — a checkpoint, the attempt's end (``FINISH``, saying how it ended: done, time limit,
+target, preemption) — so that the curvature ranks join its collectives (an evaluation is the
+training ranks' alone). Every decision the training ranks agree on at a step (the clock's
+checkpoint, the time limit, a preemption signal, divergence) reaches the curvature ranks as such
+an order; the training ranks wait for them only at the meetings.
 
 An order is three int64 numbers ``[kind, step, value]`` sent point to point on :data:`TAG`;
 the pipeline's snapshots and results use the default tag, and a curvature rank posts the
@@ -40,11 +40,10 @@ class Order(IntEnum):
     """What training rank 0 asks of the curvature ranks."""
 
     ESE = 1  # serve request ``value`` made at ``step`` (its snapshot follows)
-    EVALUATE = 2  # join the evaluation at ``step``
-    SAVE = 3  # join the checkpoint of ``step``
-    FINISH = 4  # the loop ended at ``step`` (how: ENDS[value]); join the attempt's end
-    ABORT = 5  # a training rank failed: exit failed
-    ALIVE = 6  # nothing to do (the receive's timeout starts again)
+    SAVE = 2  # join the checkpoint of ``step``
+    FINISH = 3  # the loop ended at ``step`` (how: ENDS[value]); join the attempt's end
+    ABORT = 4  # a training rank failed: exit failed
+    ALIVE = 5  # nothing to do (the receive's timeout starts again)
 
 
 class PeerAborted(RuntimeError):

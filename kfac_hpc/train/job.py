@@ -9,7 +9,8 @@ allreduce with the time-limit and checkpoint flags, so it costs no collective of
 A method's curvature ranks (FOSI's ``curvature_ranks``) take no step: they run
 :meth:`Job.serve` instead of the loop, on orders from training rank 0
 (:mod:`kfac_hpc.train.curvature_ranks`), and the step's flags are summed over the training
-ranks only; the whole world meets at evaluations, checkpoints and the attempt's end.
+ranks only, and so is an evaluation; the whole world meets at checkpoints and the attempt's
+end.
 
 A run whose training loss or parameters become non-finite stops with
 :class:`TrainingDiverged` on every rank alike, and never checkpoints that state: rank 0 sees a
@@ -319,11 +320,15 @@ class Job:
 
     # ----------------------------------------------------------------- evaluation
     def evaluate(self, step: int) -> tuple[float, float]:
-        """Test (loss, accuracy) over every rank's share of the test set; rank 0 records it."""
-        self.method.synchronize()
-        average_buffers(self.model, self.world_size)
+        """Test (loss, accuracy) over every training rank's share of the test set; rank 0
+        records it. A method's curvature ranks take no part (the training ranks hold the
+        training model): an evaluation never waits for their work."""
+        group = self.method.training_group
+        if not self.method.curvature_ranks:
+            self.method.synchronize()
+        average_buffers(self.model, self.trainers, group)
         loss, accuracy = evaluate(
-            self.model, self.batches, self.ctx.device, self.world_size, self.precision
+            self.model, self.batches, self.ctx.device, self.trainers, self.precision, group
         )
         if self.rank == 0:
             epoch = step // self.steps_per_epoch
@@ -376,7 +381,7 @@ class Job:
         """Train until done (a curvature rank: :meth:`serve`); returns how the attempt ended:
         done, time_limit, target, preempted. Training rank 0 tells the curvature ranks."""
         if self.method.is_curvature_rank:
-            return self.serve(pos, progress)
+            return self.serve(pos)
         try:
             end = self._train(pos, recorder, progress, preemption)
         except BaseException:
@@ -387,7 +392,7 @@ class Job:
             self.orders.meet(Order.FINISH, pos.step, ENDS.index(end))
         return end
 
-    def serve(self, pos: Position, progress: Progress) -> str:
+    def serve(self, pos: Position) -> str:
         """A curvature rank: serve training rank 0's orders until the loop ends (``pos.step``
         is then the step it ended at); returns how it ended."""
         while True:
@@ -397,8 +402,6 @@ class Job:
                     self.fault.hold_ese(self.rank, step, self.run_dir.root)
                 x, y = self.step.batch(step)
                 self.method.serve(step, value, self.step.curvature_loss(x, y))
-            elif order is Order.EVALUATE:
-                self._evaluate_at(step, progress)
             elif order is Order.SAVE:
                 self.save(step)
             elif order is Order.FINISH:
@@ -452,8 +455,6 @@ class Job:
             if pos.step % config.log_every == 0:
                 self._close_window(recorder, pos.step, progress)
             if self._evaluation_due(pos.step):
-                if orders is not None:
-                    orders.meet(Order.EVALUATE, pos.step)
                 self._evaluate_at(pos.step, progress)
             if preempted:
                 return "preempted"
@@ -493,7 +494,8 @@ class Job:
         if self.world_size > 1:  # the last window was seen by rank 0 only
             dist.all_reduce(seen)
         _stop_if_diverged(seen.item())
-        if end != "preempted" and not self._evaluation_due(pos.step):
+        training = not self.method.is_curvature_rank
+        if training and end != "preempted" and not self._evaluation_due(pos.step):
             self._evaluate_at(pos.step, progress)
         checkpointing = self.config.checkpoint_every_steps or self.config.checkpoint_every_min
         if end != "preempted" and checkpointing and pos.step > pos.start_step:

@@ -12,6 +12,8 @@ run under the job's :class:`~kfac_hpc.train.precision.Precision` (autocast, loss
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -94,16 +96,18 @@ def evaluate(
     device: torch.device,
     world_size: int,
     precision: Precision | None = None,
+    group: Any = None,
 ) -> tuple[float, float]:
     """(mean loss, accuracy) over every rank's share of the test set, per target position
     (a sample's class, or each token of a sequence; each output of a regression, whose
-    accuracy is 0); the loss is the workload's. Collective."""
+    accuracy is 0); the loss is the workload's. Collective over the ``world_size`` ranks of
+    ``group`` (None: the world), which share the test set."""
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=device)
     loss_fn = batches.source.loss
     precision = precision or Precision("fp32", device)
     with torch.no_grad():
-        for idx in batches.test_batches(EVAL_BATCH):
+        for idx in batches.test_batches(EVAL_BATCH, world_size):
             x, y = batches.source.test(idx)
             x, y = x.to(device), y.to(device)
             with precision.autocast():
@@ -114,6 +118,6 @@ def evaluate(
             totals[2] += y.numel()
     model.train()
     if world_size > 1:
-        dist.all_reduce(totals)
+        dist.all_reduce(totals, group=group)
     loss, correct, count = totals.tolist()
     return loss / max(count, 1.0), correct / max(count, 1.0)

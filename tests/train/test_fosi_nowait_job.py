@@ -1,13 +1,14 @@
 """`kfac-hpc train --fosi --curvature-ranks 1`: the job's training ranks never wait for the
 curvature rank's ESE (real `mpiexec -n 3` ranks: two training ranks, one curvature rank).
 
-The curvature rank takes no training step and is in none of the step's collectives; it serves
-ESEs and joins the evaluations, checkpoints and the end on training rank 0's orders. The fault
+The curvature rank takes no training step and is in none of the step's collectives nor in an
+evaluation (the training ranks share the test set); it serves ESEs and joins the checkpoints and
+the end on training rank 0's orders. The fault
 hook holds the ESE of step 3 on the curvature rank until training rank 0 begins step 9: training
 ranks that waited for it (a flag allreduce over the world, as the job once had) would never get
 there, and the held ESE then fails the run after 120 s instead of hanging. With a staleness bound
-of 2 steps 5..8 must be the base update alone, counted; the evaluations and checkpoints after it
-meet the curvature rank. With ``--max-staleness 0`` (training waits at every ESE's step) a run
+of 2 steps 5..8 must be the base update alone, counted; the checkpoints after it meet the
+curvature rank. With ``--max-staleness 0`` (training waits at every ESE's step) a run
 resumed from a checkpoint ends bit for bit where the uninterrupted run does.
 """
 
@@ -86,8 +87,8 @@ def test_training_ranks_pass_a_held_ese_and_meet_the_curvature_rank_after_it(tmp
     assert all(s > 0 for s in summary["ese_s"])
     ese = summary["rank_phases_s"]["ese"]
     assert ese[0] == ese[1] == 0.0 and ese[2] > 0  # the curvature rank's row
-    # every evaluation met the curvature rank (its share of the test set, training rank 0's
-    # model): the last equals the final model's figures over the whole test set on one rank
+    # the evaluations cover the whole test set (shared by the training ranks): the last equals
+    # the final model's figures over the whole test set on one rank
     evals = [r for r in metrics(run) if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [10, 20, 21, 24]  # and the epoch end (21 steps)
     loss, accuracy = _test_set_figures(run, final)
