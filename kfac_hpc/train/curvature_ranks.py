@@ -62,19 +62,12 @@ class OrderSender:
     def send(self, order: Order, step: int, value: int = 0) -> None:
         """Send ``order`` to every curvature rank (returns at once)."""
         message = torch.tensor([int(order), step, value], dtype=torch.int64)
+        self.works = [(work, sent) for work, sent in self.works if not work.is_completed()]
         for rank in self.ranks:
             work = dist.isend(message, rank, tag=TAG)
             assert work is not None
             self.works.append((work, message))
         self.last = time.monotonic()
-
-    def meet(self, order: Order, step: int, value: int = 0) -> None:
-        """Send an order of a world meeting; the orders before it have been received by
-        then (the curvature ranks handle them in turn), so their sends are done."""
-        for work, _ in self.works:
-            work.wait()
-        self.works = []
-        self.send(order, step, value)
 
     def tick(self, step: int) -> None:
         """At every step: ``ALIVE`` when no order went out for half the timeout."""

@@ -389,7 +389,7 @@ class Job:
                 self.orders.abort(pos.step)
             raise
         if self.orders is not None:
-            self.orders.meet(Order.FINISH, pos.step, ENDS.index(end))
+            self.orders.send(Order.FINISH, pos.step, ENDS.index(end))
         return end
 
     def serve(self, pos: Position) -> str:
@@ -448,7 +448,7 @@ class Job:
             every = config.checkpoint_every_steps
             if preempted or flags.checkpoint_due > 0 or (every and pos.step % every == 0):
                 if orders is not None:
-                    orders.meet(Order.SAVE, pos.step)
+                    orders.send(Order.SAVE, pos.step)
                 self.save(pos.step)
                 self.timer.lap("checkpoint")
             self.timer.end_step()
@@ -490,11 +490,14 @@ class Job:
         """Close the last window, evaluate if the last step was not evaluated, and save a final
         checkpoint when checkpointing is on (so a longer run can continue from it)."""
         self._close_window(recorder, pos.step, progress)
-        seen = torch.tensor([float(self.diverged_at)], dtype=torch.float64, device=self.comm_device)
-        if self.world_size > 1:  # the last window was seen by rank 0 only
-            dist.all_reduce(seen)
-        _stop_if_diverged(seen.item())
         training = not self.method.is_curvature_rank
+        if training:  # a curvature rank fails with the training ranks (a peer's exit)
+            seen = torch.tensor(
+                [float(self.diverged_at)], dtype=torch.float64, device=self.comm_device
+            )
+            if self.trainers > 1:  # the last window was seen by rank 0 only
+                dist.all_reduce(seen, group=self.method.training_group)
+            _stop_if_diverged(seen.item())
         if training and end != "preempted" and not self._evaluation_due(pos.step):
             self._evaluate_at(pos.step, progress)
         checkpointing = self.config.checkpoint_every_steps or self.config.checkpoint_every_min

@@ -128,8 +128,9 @@ class Method(ABC):
         return {}
 
     def synchronize(self) -> None:
-        """Make every rank's model the training model before an evaluation or a checkpoint
-        (collective; for methods whose ranks may hold other parameters)."""
+        """Make every rank's model the training model before a checkpoint, and before an
+        evaluation without curvature ranks (with them an evaluation is the training ranks'
+        alone); collective, for methods whose ranks may hold other parameters."""
         return None
 
     @property

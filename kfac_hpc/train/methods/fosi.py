@@ -8,8 +8,8 @@ reduce-scatter), ``ese``, ``optimizer`` and ``param_allgather``. Its checkpoint 
 whole state gathered over coordinates (``full_state_dict``), so a run saved at P ranks resumes
 at any P'. With ``curvature_ranks`` the last ranks compute ESEs only (the gradients are
 reduce-scattered over the training ranks): they take no step but serve each ESE the training
-ranks request (the job's curvature loop, kfac_hpc/train/curvature_ranks.py), and before an
-evaluation or a checkpoint every rank takes training rank 0's model.
+ranks request (the job's curvature loop, kfac_hpc/train/curvature_ranks.py), and before a
+checkpoint every rank takes training rank 0's model.
 """
 
 from __future__ import annotations
