@@ -28,10 +28,11 @@ ranks + 1 curvature rank, gloo), autoencoder task, the settings above (global ba
 steps, ESE every 20 from step 10, ``--max-staleness`` 0 against 19), ``wait`` and ``no-wait``
 interleaved per round. Per run: the training time (run.json: the sum of training rank 0's step
 seconds, the steps only), the loop's seconds from the end of step 10 to the end of the final
-evaluation (metrics.jsonl; the evaluations at every epoch end, about every 11 steps, are
-meetings of every rank, where the training ranks wait for the ESE in flight), the attempt's wall
-seconds (start-up included), the late steps and the staleness. Prints median (min..max) and the
-per-round ratio no-wait / wait of each time.
+evaluation (metrics.jsonl; evaluations, at every epoch end, about every 11 steps, are the
+training ranks' alone), the attempt's wall seconds (run.json: start-up included; the end's
+meeting with the curvature rank, which waits for the ESE in flight, comes after it), the late
+steps, the staleness and the final test loss. Prints median (min..max) and the per-round
+ratio no-wait / wait of each time.
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ def run_jobs(rounds: int) -> dict[str, Any]:
     """``rounds`` interleaved rounds of the job at P = 3, waiting and not."""
     import tempfile
 
-    keys = ("train_s", "loop_s", "wall_s", "late", "staleness", "ese_s")
+    keys = ("train_s", "loop_s", "wall_s", "late", "staleness", "ese_s", "test_loss")
     table: dict[str, dict[str, list[Any]]] = {
         name: {key: [] for key in keys} for name in JOB_VARIANTS
     }
@@ -198,6 +199,7 @@ def run_jobs(rounds: int) -> dict[str, Any]:
                 rows["late"].append(summary["fosi_late_steps"])
                 rows["staleness"].append(summary["ese_staleness_steps"])
                 rows["ese_s"].append(statistics.fmean(summary["ese_s"] or [0.0]))
+                rows["test_loss"].append(summary["final_test_loss"])
                 done = f"train {rows['train_s'][-1]:.2f} s, loop {rows['loop_s'][-1]:.2f} s"
                 print(f"round {index + 1} {name}: {done}, late {rows['late'][-1]}", flush=True)
     ratios = {
@@ -222,7 +224,7 @@ def report_jobs(summary: dict[str, Any], rounds: int) -> None:
           f"autoencoder, {JOB_STEPS} steps, ESE every {ESE_EVERY} from step 10; {rounds} "
           "interleaved rounds, median (min..max)")  # fmt: skip
     print(f"{'variant':<9}{'bound':>6}{'train s':>24}{'loop s':>24}{'wall s':>24}{'late':>6}"
-          f"{'ESE s':>8}  staleness per swap (round 1)")  # fmt: skip
+          f"{'ESE s':>8}{'test loss':>11}  staleness per swap (round 1)")  # fmt: skip
     for name, rows in summary["variants"].items():
         t, o = harness.stats(rows["train_s"]), harness.stats(rows["loop_s"])
         w = harness.stats(rows["wall_s"])
@@ -231,7 +233,7 @@ def report_jobs(summary: dict[str, Any], rounds: int) -> None:
               f"  {o['median']:7.2f} ({o['min']:.2f}..{o['max']:.2f})"
               f"  {w['median']:7.2f} ({w['min']:.2f}..{w['max']:.2f})"
               f"{statistics.median(rows['late']):>6}{statistics.median(rows['ese_s']):>8.3f}"
-              f"  {rows['staleness'][0]}")  # fmt: skip
+              f"{statistics.median(rows['test_loss']):>11.4f}  {rows['staleness'][0]}")  # fmt: skip
     for key, values in summary["ratios"].items():
         r = harness.stats(values)
         print(f"no-wait / wait {key}, per round: {r['median']:.2f}x "
