@@ -109,13 +109,14 @@ def broadcast_parameters(model: nn.Module, world_size: int) -> None:
             dist.broadcast(tensor, src=0)
 
 
-def average_buffers(model: nn.Module, world_size: int) -> None:
-    """BatchNorm running statistics differ per rank; test (and save) their average."""
+def average_buffers(model: nn.Module, world_size: int, group: Any = None) -> None:
+    """BatchNorm running statistics differ per rank; test (and save) their average over the
+    ``world_size`` ranks of ``group`` (None: the world)."""
     if world_size == 1:
         return
     for buffer in model.buffers():
         if buffer.is_floating_point():
-            dist.all_reduce(buffer)
+            dist.all_reduce(buffer, group=group)
             buffer.div_(world_size)
 
 

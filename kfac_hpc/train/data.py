@@ -374,7 +374,8 @@ class ShardedBatches:
             return x.pin_memory(), y.pin_memory()
         return x, y
 
-    def test_batches(self, batch: int) -> list[torch.Tensor]:
-        """This rank's share of the test set (every ``world_size``-th sample), in batches."""
-        idx = torch.arange(self.rank, self.source.test_len, self.world_size)
+    def test_batches(self, batch: int, ranks: int | None = None) -> list[torch.Tensor]:
+        """This rank's share of the test set (every ``ranks``-th sample; default: every
+        ``world_size``-th), in batches."""
+        idx = torch.arange(self.rank, self.source.test_len, ranks or self.world_size)
         return list(idx.split(batch))

@@ -6,6 +6,12 @@ asks which method it runs. Preemption is agreed once per step: each rank's flag
 (:meth:`~kfac_hpc.train.preemption.PreemptionHandler.local_flag`) rides in the step's gradient
 allreduce with the time-limit and checkpoint flags, so it costs no collective of its own.
 
+A method's curvature ranks (FOSI's ``curvature_ranks``) take no step: they run
+:meth:`Job.serve` instead of the loop, on orders from training rank 0
+(:mod:`kfac_hpc.train.curvature_ranks`), and the step's flags are summed over the training
+ranks only, and so is an evaluation; the whole world meets at checkpoints and the attempt's
+end.
+
 A run whose training loss or parameters become non-finite stops with
 :class:`TrainingDiverged` on every rank alike, and never checkpoints that state: rank 0 sees a
 non-finite window loss and says so in the next step's flags; a checkpoint first checks that the
@@ -47,6 +53,13 @@ from kfac_hpc.runtime import DistributedContext
 from kfac_hpc.train.attempt import average_buffers, broadcast_parameters, parameters_finite
 from kfac_hpc.train.batchnorm import recomputed_batchnorm
 from kfac_hpc.train.config import ConfigError, TrainConfig
+from kfac_hpc.train.curvature_ranks import (
+    ENDS,
+    Order,
+    OrderSender,
+    PeerAborted,
+    receive_order,
+)
 from kfac_hpc.train.data import DataSource, ShardedBatches
 from kfac_hpc.train.faults import fault_plan
 from kfac_hpc.train.methods import MethodSetup, build_method, method_name
@@ -215,6 +228,13 @@ class Job:
         self.diverged_at = 0  # rank 0: the step ending the first window with a non-finite loss
         self.last_ckpt_time = time.perf_counter()
         self.skipped: list[SkippedCheckpoint] = []  # checkpoints this attempt's resume passed
+        curvature = self.method.curvature_ranks
+        self.trainers = self.world_size - curvature  # the first ranks; the others serve them
+        self.orders = (  # training rank 0's orders to the curvature ranks
+            OrderSender(self.trainers, curvature, ctx.timeout_s)
+            if curvature and self.rank == 0
+            else None
+        )
 
     def _skip(self, item: SkippedCheckpoint) -> None:
         """A checkpoint the resume passed over: a line on rank 0, an entry of run.json."""
@@ -301,15 +321,19 @@ class Job:
 
     # ----------------------------------------------------------------- evaluation
     def evaluate(self, step: int) -> tuple[float, float]:
-        """Test (loss, accuracy) over every rank's share of the test set; rank 0 records it.
-        With ``precise_bn_batches`` N, BatchNorm is tested with statistics recomputed from N
-        training batches of this epoch (batchnorm.py), averaged over ranks; training's own
-        statistics return afterwards."""
-        self.method.synchronize()
+        """Test (loss, accuracy) over every training rank's share of the test set; rank 0
+        records it. A method's curvature ranks take no part (the training ranks hold the
+        training model): an evaluation never waits for their work. With
+        ``precise_bn_batches`` N, BatchNorm is tested with statistics recomputed from N
+        training batches of this epoch (batchnorm.py), averaged over the training ranks;
+        training's own statistics return afterwards."""
+        group = self.method.training_group
+        if not self.method.curvature_ranks:
+            self.method.synchronize()
         with self._test_statistics(step):
-            average_buffers(self.model, self.world_size)
+            average_buffers(self.model, self.trainers, group)
             loss, accuracy = evaluate(
-                self.model, self.batches, self.ctx.device, self.world_size, self.precision
+                self.model, self.batches, self.ctx.device, self.trainers, self.precision, group
             )
         if self.rank == 0:
             epoch = step // self.steps_per_epoch
@@ -376,14 +400,66 @@ class Job:
         progress: Progress,
         preemption: PreemptionHandler,
     ) -> str:
-        """Train until done; returns how the attempt ended: done, time_limit, target, preempted."""
-        config = self.config
+        """Train until done (a curvature rank: :meth:`serve`); returns how the attempt ended:
+        done, time_limit, target, preempted. Training rank 0 tells the curvature ranks."""
+        if self.method.is_curvature_rank:
+            return self.serve(pos)
+        try:
+            end = self._train(pos, recorder, progress, preemption)
+        except BaseException:
+            if self.orders is not None:
+                self.orders.abort(pos.step)
+            raise
+        if self.orders is not None:
+            self.orders.send(Order.FINISH, pos.step, ENDS.index(end))
+        return end
+
+    def serve(self, pos: Position) -> str:
+        """A curvature rank: serve training rank 0's orders until the loop ends (``pos.step``
+        is then the step it ended at); returns how it ended."""
+        while True:
+            order, step, value = receive_order()
+            if order is Order.ESE:
+                if self.fault is not None:
+                    self.fault.hold_ese(self.rank, step, self.run_dir.root)
+                x, y = self.step.batch(step)
+                self.method.serve(step, value, self.step.curvature_loss(x, y))
+            elif order is Order.SAVE:
+                self.save(step)
+            elif order is Order.FINISH:
+                pos.step = step
+                return ENDS[value]
+            elif order is Order.ABORT:
+                self._await_error_marker()
+                raise PeerAborted(f"training rank 0 stopped the run at step {step}")
+
+    def _await_error_marker(self, bound_s: float = 30.0) -> None:
+        """Give the failing training rank the time to leave its message as the run's error."""
+        deadline = time.monotonic() + bound_s
+        while not self.run_dir.marker("error").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def _train(
+        self,
+        pos: Position,
+        recorder: WindowRecorder,
+        progress: Progress,
+        preemption: PreemptionHandler,
+    ) -> str:
+        """The training ranks' loop."""
+        config, orders = self.config, self.orders
         while pos.step < self.total_steps:
             if self.fault is not None:
                 self.fault.check(self.rank, self.world_size, pos.step, pos.start_step, preemption)
+                self.fault.release(self.rank, pos.step, self.run_dir.root)
             self.timer.begin_step()
             lr = learning_rate(config, pos.step, self.steps_per_epoch, self.total_steps)
             local = list(self._local_flags(preemption))
+            if orders is not None:
+                number = self.method.curvature_request()
+                if number is not None:
+                    orders.send(Order.ESE, pos.step, number)
+                orders.tick(pos.step)
             loss, summed = self.step(pos.step, lr, local, self.timer)
             flags = StepFlags(*summed)
             pos.step += 1
@@ -393,6 +469,8 @@ class Job:
             self.timer.skip()  # the bookkeeping is neither optimizer nor checkpoint time
             every = config.checkpoint_every_steps
             if preempted or flags.checkpoint_due > 0 or (every and pos.step % every == 0):
+                if orders is not None:
+                    orders.send(Order.SAVE, pos.step)
                 self.save(pos.step)
                 self.timer.lap("checkpoint")
             self.timer.end_step()
@@ -414,7 +492,11 @@ class Job:
         return step % self.steps_per_epoch == 0 or (every > 0 and step % every == 0)
 
     def _close_window(self, recorder: WindowRecorder, step: int, progress: Progress) -> None:
-        record = recorder.close(self.timer, step, step // self.steps_per_epoch, self.wall_s())
+        if self.method.is_curvature_rank:  # training rank 0 writes its row
+            return
+        curvature = self.method.drain_curvature_phases() if self.rank == 0 else None
+        epoch = step // self.steps_per_epoch
+        record = recorder.close(self.timer, step, epoch, self.wall_s(), curvature)
         progress.window(step, record)
         if record and not self.diverged_at and not math.isfinite(record["loss"]):
             self.diverged_at = step
@@ -430,11 +512,15 @@ class Job:
         """Close the last window, evaluate if the last step was not evaluated, and save a final
         checkpoint when checkpointing is on (so a longer run can continue from it)."""
         self._close_window(recorder, pos.step, progress)
-        seen = torch.tensor([float(self.diverged_at)], dtype=torch.float64, device=self.comm_device)
-        if self.world_size > 1:  # the last window was seen by rank 0 only
-            dist.all_reduce(seen)
-        _stop_if_diverged(seen.item())
-        if end != "preempted" and not self._evaluation_due(pos.step):
+        training = not self.method.is_curvature_rank
+        if training:  # a curvature rank fails with the training ranks (a peer's exit)
+            seen = torch.tensor(
+                [float(self.diverged_at)], dtype=torch.float64, device=self.comm_device
+            )
+            if self.trainers > 1:  # the last window was seen by rank 0 only
+                dist.all_reduce(seen, group=self.method.training_group)
+            _stop_if_diverged(seen.item())
+        if training and end != "preempted" and not self._evaluation_due(pos.step):
             self._evaluate_at(pos.step, progress)
         checkpointing = self.config.checkpoint_every_steps or self.config.checkpoint_every_min
         if end != "preempted" and checkpointing and pos.step > pos.start_step:

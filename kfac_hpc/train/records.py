@@ -3,7 +3,13 @@
 A window is ``log_every`` steps (or fewer at the end of an attempt). Each rank packs
 ``[steps, step seconds, loss sum, seconds of each phase of the timer]`` into one float64 tensor; one
 ``gather`` brings them to rank 0, which writes the ``train`` record of docs/contracts.md and
-keeps its own step durations for the percentiles of ``run.json``. Also here: the ``eval``
+keeps its own step durations for the percentiles of ``run.json``.
+
+A method's curvature ranks take no step and are in no per-step collective: the gather runs over
+the training ranks, and rank 0 writes each curvature rank's row itself from what the curvature
+ranks reported with their results received in the window (the seconds of each phase, e.g. FOSI's
+``ese``; step seconds: their sum; no loss). The window's loss and step seconds are the training
+ranks' means; its phases the means over every rank, as before. Also here: the ``eval``
 record, and the facts of ``run.json`` that only the live job knows.
 """
 
@@ -12,6 +18,7 @@ from __future__ import annotations
 import platform
 import resource
 import statistics
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -48,10 +55,16 @@ class WindowRecorder:
         device: torch.device,
         global_batch: int,
         attempt: int,
+        curvature_ranks: int = 0,
+        group: Any = None,
     ) -> None:
+        """``curvature_ranks``: the world's last ranks, which take no step; ``group``: the
+        process group of the others (None: the world)."""
         self.run_dir = run_dir
         self.rank = rank
         self.world_size = world_size
+        self.trainers = world_size - curvature_ranks
+        self.group = group
         self.device = device
         self.global_batch = global_batch
         self.attempt = attempt
@@ -62,9 +75,17 @@ class WindowRecorder:
         """Accumulate on the device: no host sync per step."""
         self._loss_sum += loss.detach()
 
-    def close(self, timer: PhaseTimer, step: int, epoch: int, wall_s: float) -> dict[str, Any]:
-        """Gather the window from every rank; rank 0 appends the record and returns it
-        (other ranks return ``{}``)."""
+    def close(
+        self,
+        timer: PhaseTimer,
+        step: int,
+        epoch: int,
+        wall_s: float,
+        curvature: Mapping[str, float] | None = None,
+    ) -> dict[str, Any]:
+        """Gather the window from every training rank; rank 0 appends the record and returns
+        it (other ranks return ``{}``). ``curvature`` (rank 0): the seconds of each phase the
+        curvature ranks reported in the window."""
         phases, step_times = timer.drain()
         local = torch.tensor(
             [float(len(step_times)), sum(step_times), 0.0, *phases],
@@ -73,19 +94,21 @@ class WindowRecorder:
         )
         local[2] = self._loss_sum
         self._loss_sum.zero_()
-        if self.world_size > 1:
+        if self.trainers > 1:
             rows = (
-                [torch.empty_like(local) for _ in range(self.world_size)]
-                if self.rank == 0
-                else None
+                [torch.empty_like(local) for _ in range(self.trainers)] if self.rank == 0 else None
             )
-            dist.gather(local, rows, dst=0)
+            dist.gather(local, rows, dst=0, group=self.group)
         else:
             rows = [local]
         if self.rank != 0:
             return {}
         assert rows is not None
         table = torch.stack(rows).cpu().tolist()
+        if self.trainers < self.world_size:
+            busy = [float((curvature or {}).get(name, 0.0)) for name in timer.phases]
+            steps = float(len(step_times))
+            table += [[steps, sum(busy), 0.0, *busy]] * (self.world_size - self.trainers)
         self.rank0_step_s.extend(step_times)
         return self._record(table, timer.phases, step, epoch, wall_s)
 
@@ -101,7 +124,8 @@ class WindowRecorder:
         if steps == 0:
             return {}
         rank_step_s = [row[1] / steps for row in table]
-        step_s = statistics.fmean(rank_step_s)
+        training = table[: self.trainers]
+        step_s = statistics.fmean(rank_step_s[: self.trainers])
         record = {
             "schema": SCHEMA_VERSION,
             "kind": TRAIN,
@@ -110,7 +134,7 @@ class WindowRecorder:
             "epoch": epoch,
             "wall_s": round(wall_s, 6),
             "window_steps": steps,
-            "loss": statistics.fmean(row[2] / steps for row in table),
+            "loss": statistics.fmean(row[2] / steps for row in training),
             "samples_per_s": self.global_batch / step_s if step_s > 0 else 0.0,
             "step_s": step_s,
             "phases_s": {
@@ -132,7 +156,14 @@ class NullRecorder(WindowRecorder):
     def add_loss(self, loss: torch.Tensor) -> None:
         pass
 
-    def close(self, timer: PhaseTimer, step: int, epoch: int, wall_s: float) -> dict[str, Any]:
+    def close(
+        self,
+        timer: PhaseTimer,
+        step: int,
+        epoch: int,
+        wall_s: float,
+        curvature: Mapping[str, float] | None = None,
+    ) -> dict[str, Any]:
         return {}
 
 

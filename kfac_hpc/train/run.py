@@ -16,6 +16,7 @@ from kfac_hpc.contracts import SCHEMA_VERSION, ExitCode, HostMemory, RunDir, wri
 from kfac_hpc.runtime import DistributedContext, init_distributed, keep_freed_host_memory, shutdown
 from kfac_hpc.train.attempt import begin_attempt, end_attempt, record_failure
 from kfac_hpc.train.config import ConfigError, TrainConfig, check_run_dir
+from kfac_hpc.train.curvature_ranks import PeerAborted
 from kfac_hpc.train.data import DataSource
 from kfac_hpc.train.job import Job, Position, TrainingDiverged, agree_on_input
 from kfac_hpc.train.preemption import REQUEUE_EXIT_CODE, PreemptionHandler, ignore_signals
@@ -144,6 +145,8 @@ def _attempt(
         job.comm_device,
         job.sizes.global_batch_size,
         job.attempt,
+        job.method.curvature_ranks,
+        job.method.training_group,
     )
     progress = Progress(job, job.config.progress)
     end = job.loop(pos, recorder, progress, preemption)
@@ -174,5 +177,5 @@ def _fail(run_dir: RunDir, ctx: DistributedContext, job: Job | None, exc: BaseEx
         exc,
         None if job is None else ended,
         prefix="kfac-hpc train",
-        quiet=(TrainingDiverged,),
+        quiet=(TrainingDiverged, PeerAborted),
     )

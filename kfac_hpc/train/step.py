@@ -12,6 +12,8 @@ run under the job's :class:`~kfac_hpc.train.precision.Precision` (autocast, loss
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -19,7 +21,7 @@ from torch import nn
 from kfac_hpc.optim.fosi.curvature_batch import leading_rows
 from kfac_hpc.train.data import ShardedBatches
 from kfac_hpc.train.grad_sync import GradientAllreduce
-from kfac_hpc.train.methods import Method
+from kfac_hpc.train.methods import CurvatureLoss, Method
 from kfac_hpc.train.precision import Precision
 from kfac_hpc.train.timing import PhaseTimer
 
@@ -40,11 +42,14 @@ class TrainStep:
         world_size: int,
         precision: Precision | None = None,
     ) -> None:
+        """``world_size``: every rank; the step's collectives run over the method's training
+        ranks (all but its ``curvature_ranks``)."""
         self.model = model
         self.batches = batches
         self.device = device
         self.method = method
-        self.grad_sync = GradientAllreduce(model, world_size)
+        trainers = world_size - method.curvature_ranks
+        self.grad_sync = GradientAllreduce(model, trainers, method.training_group)
         self.precision = precision or Precision("fp32", device)
         self.loss_fn = batches.source.loss
 
@@ -52,15 +57,22 @@ class TrainStep:
         with self.precision.autocast():
             return self.loss_fn(self.model(x), y)
 
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's (inputs, labels) of optimizer step ``step``, on the device."""
+        epoch, index = divmod(step, self.batches.steps_per_epoch)
+        x, y = self.batches.batch(epoch, index)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def curvature_loss(self, x: torch.Tensor, y: torch.Tensor) -> CurvatureLoss:
+        """The loss of the batch ``(x, y)`` (or of its leading rows), for curvature work."""
+        return lambda fraction=1.0: self._loss(*leading_rows(fraction, x, y))
+
     def __call__(
         self, step: int, lr: float, flags: list[float], timer: PhaseTimer
     ) -> tuple[torch.Tensor, list[float]]:
         """Optimizer step ``step`` at learning rate ``lr``; returns (loss, the flags summed over
-        ranks)."""
-        epoch, index = divmod(step, self.batches.steps_per_epoch)
-        x, y = self.batches.batch(epoch, index)
-        x = x.to(self.device, non_blocking=True)
-        y = y.to(self.device, non_blocking=True)
+        the training ranks)."""
+        x, y = self.batch(step)
         timer.lap("data")
         loss = self._loss(x, y)
         timer.lap("forward")
@@ -73,7 +85,7 @@ class TrainStep:
         timer.lap("grad_allreduce")
         for group in optimizer.param_groups:
             group["lr"] = lr
-        self.method.step(timer, lambda fraction=1.0: self._loss(*leading_rows(fraction, x, y)))
+        self.method.step(timer, self.curvature_loss(x, y))
         self.precision.update()
         return loss, flags
 
@@ -84,16 +96,18 @@ def evaluate(
     device: torch.device,
     world_size: int,
     precision: Precision | None = None,
+    group: Any = None,
 ) -> tuple[float, float]:
     """(mean loss, accuracy) over every rank's share of the test set, per target position
     (a sample's class, or each token of a sequence; each output of a regression, whose
-    accuracy is 0); the loss is the workload's. Collective."""
+    accuracy is 0); the loss is the workload's. Collective over the ``world_size`` ranks of
+    ``group`` (None: the world), which share the test set."""
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=device)
     loss_fn = batches.source.loss
     precision = precision or Precision("fp32", device)
     with torch.no_grad():
-        for idx in batches.test_batches(EVAL_BATCH):
+        for idx in batches.test_batches(EVAL_BATCH, world_size):
             x, y = batches.source.test(idx)
             x, y = x.to(device), y.to(device)
             with precision.autocast():
@@ -104,6 +118,6 @@ def evaluate(
             totals[2] += y.numel()
     model.train()
     if world_size > 1:
-        dist.all_reduce(totals)
+        dist.all_reduce(totals, group=group)
     loss, correct, count = totals.tolist()
     return loss / max(count, 1.0), correct / max(count, 1.0)

@@ -101,13 +101,17 @@ def _explained(code: int, stdout: str, stderr: str) -> str:
 
 
 def start_until_checkpoint(
-    run_dir: Path, *args: str, launcher: tuple[str, ...] = (), timeout_s: float = 300
+    run_dir: Path,
+    *args: str,
+    launcher: tuple[str, ...] = (),
+    timeout_s: float = 300,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[str]:
     """A training run started in the background (behind ``launcher``, e.g. mpiexec -n 2),
     returned once it has a checkpoint (within ``timeout_s``)."""
     proc = subprocess.Popen(
         [*launcher, *train_cmd(run_dir, *args)],
-        env=clean_env(),
+        env=clean_env(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -57,3 +57,29 @@ class _NeverAsked:
     @property
     def requested(self) -> bool:
         raise AssertionError("the plan held here")
+
+
+def test_an_ese_hold_ends_when_training_rank_0_begins_its_step(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(ENV, "rank=2,step=3,hold=ese,until=9,hold_s=600")
+    plan = fault_plan()
+    assert plan == FaultPlan(2, 3, hold_s=600.0, ese_until=9)
+    signalled = SimpleNamespace(requested=False)
+    plan.check(2, 3, 3, 0, signalled)  # not a raise plan: the step loop goes on
+    plan.hold_ese(1, 3, tmp_path)  # another rank's ESE, another step's: not held
+    plan.hold_ese(2, 13, tmp_path)
+    held = threading.Thread(target=plan.hold_ese, args=(2, 3, tmp_path))
+    held.start()
+    held.join(timeout=0.3)
+    assert held.is_alive(), "the ESE was released before step 9 began"
+    plan.release(1, 9, tmp_path)  # only training rank 0 releases
+    plan.release(0, 8, tmp_path)
+    assert held.is_alive() and not list(tmp_path.iterdir())
+    plan.release(0, 9, tmp_path)
+    held.join(timeout=60)
+    assert not held.is_alive(), "the hold did not end when step 9 began"
+
+
+def test_an_ese_held_past_its_bound_raises(tmp_path) -> None:
+    plan = FaultPlan(2, 3, hold_s=0.05, ese_until=9)
+    with pytest.raises(InjectedFault, match="never began step 9"):
+        plan.hold_ese(2, 3, tmp_path)

@@ -194,10 +194,16 @@ def test_curvature_ranks_compute_ese_beside_training_and_late_steps_are_counted(
     assert summary["world_size"] == 3 and summary["curvature_ranks"] == 1
     assert summary["ese_count"] == 5  # steps 3, 13, 23, 33, 43
     staleness = summary["ese_staleness_steps"]
-    assert len(staleness) == 4 and all(s >= 0 for s in staleness)  # the last is in flight
-    # past the bound the training ranks took the base update alone instead of waiting; the
-    # last ESE (step 43) was never past it
-    assert summary["fosi_late_steps"] == sum(max(0, s - 2) for s in staleness)
+    # the training ranks never wait: how many ESEs arrived in the 44 steps (in order) depends
+    # on the machine; the last (step 43) cannot have been swapped in
+    assert len(staleness) <= 4 and all(s >= 0 for s in staleness)
+    # past the bound the training ranks took the base update alone, from step t + 2 until the
+    # ESE of step t arrived, or to the end (ESEs may overlap)
+    ends = [t + s for t, s in zip((3, 13, 23, 33, 43), staleness, strict=False)]
+    ends += [44] * (5 - len(staleness))
+    late = {u for t, end in zip((3, 13, 23, 33, 43), ends, strict=True) for u in range(t + 2, end)}
+    assert summary["fosi_late_steps"] == len(late)
     ese = summary["rank_phases_s"]["ese"]
-    assert ese[0] == ese[1] == 0.0 and ese[2] > 0  # only the curvature rank runs ESEs
+    # only the curvature rank runs ESEs; its row holds those swapped in
+    assert ese[0] == ese[1] == 0.0 and (ese[2] > 0) == bool(staleness)
     assert summary["final_accuracy"] > 0.5

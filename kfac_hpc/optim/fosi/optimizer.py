@@ -157,6 +157,9 @@ class FOSI(torch.optim.Optimizer):
         self.hvp_mode_used: str | None = None
         self.lanczos_basis_bytes = 0
         self.last_ese_s = 0.0  # seconds of this rank's last ESE (0 on pipelined trainers)
+        # pipelined training ranks: the seconds of every ESE swapped in (this run), as reported
+        # by the curvature ranks with the result
+        self.curvature_ese_s: list[float] = []
         self.last_lanczos_steps = 0  # Lanczos steps of this rank's last ESE
         self.last_reorthogonalized = 0  # of them, those that passed over the basis
         self.reestimated_at: list[int] = []  # steps whose ESE replaced eigenpairs dropped
@@ -192,7 +195,8 @@ class FOSI(torch.optim.Optimizer):
         }
 
     # -- the step ---------------------------------------------------------------------
-    def _ese_due(self) -> bool:
+    def ese_due(self) -> bool:
+        """Whether the next :meth:`step` (step ``step_count``) runs or requests an ESE."""
         o = self.options
         if self.reestimate_pending:
             return True
@@ -227,7 +231,7 @@ class FOSI(torch.optim.Optimizer):
         ``grad_allreduce`` (the gradient reduce-scatter), ``ese`` (on a rank that ran one),
         ``optimizer`` (the update of this rank's slice), ``param_allgather``."""
         lap = lap or _no_lap
-        due = self._ese_due()
+        due = self.ese_due()
         self.reestimate_pending = False
         runs_ese = self.pipeline is None or self.is_curvature_rank
         if due and runs_ese and closure is None:
@@ -243,11 +247,8 @@ class FOSI(torch.optim.Optimizer):
         self.ese_count += int(due)  # on every rank, whichever runs the ESE
         if self.is_curvature_rank:
             if due:
-                assert self.pipeline is not None and closure is not None
-                flat = flatten(self.params)
-                self._write_params(self.pipeline.receive_snapshot(flat))
-                spectrum, loss = self._estimate(closure, seed)
-                self.pipeline.send(spectrum, self.params[0].dtype)
+                assert closure is not None
+                loss = self._serve(closure, seed)
                 lap("ese")
             self.step_count += 1
             return loss
@@ -290,6 +291,30 @@ class FOSI(torch.optim.Optimizer):
         if self.pipeline is not None and not self.is_curvature_rank:
             self.pipeline.drain()
 
+    @torch.no_grad()
+    def serve_ese(self, step: int, index: int, closure: StepClosure) -> torch.Tensor | None:
+        """A curvature rank driven by training rank 0's messages instead of :meth:`step`
+        (the training job): run the ESE that training rank 0 requested at ``step``, the
+        ``index``-th of the run (its Lanczos seed), on the snapshot it sends; returns the
+        closure's last loss."""
+        if not self.is_curvature_rank:
+            raise ValueError("FOSI.serve_ese: only a curvature rank (curvature_ranks) serves ESEs")
+        self.step_count, self.ese_count = step, index + 1
+        self.reestimate_pending = False
+        fraction = self.options.curvature_fraction
+        if fraction < 1.0:
+            closure = functools.partial(closure, fraction)
+        return self._serve(closure, self.options.seed + index)
+
+    def _serve(self, closure: Closure, seed: int) -> torch.Tensor | None:
+        """A curvature rank: receive the snapshot, estimate, send every training rank its
+        share of the result."""
+        assert self.pipeline is not None
+        self._write_params(self.pipeline.receive_snapshot(flatten(self.params)))
+        spectrum, loss = self._estimate(closure, seed)
+        self.pipeline.send(spectrum, self.params[0].dtype, self.last_ese_s)
+        return loss
+
     def _swap_arrived(self) -> bool:
         """Pipelined training ranks, at a step boundary: swap in the curvature results that
         have arrived on every training rank (with ``max_staleness = 0``: wait for the one
@@ -299,8 +324,9 @@ class FOSI(torch.optim.Optimizer):
         pipeline, bound = self.pipeline, self.options.max_staleness
         assert pipeline is not None
         for _ in range(len(pipeline.pending) if bound == 0 else pipeline.arrived()):
-            snapshot, values, vectors, top = pipeline.take()
+            snapshot, values, vectors, top, seconds = pipeline.take()
             self._install(values, vectors, snapshot, top)
+            self.curvature_ese_s.append(seconds)
         if self.late_from is not None and self.step_count >= self.late_from:
             return True
         return pipeline.late(self.step_count, bound)

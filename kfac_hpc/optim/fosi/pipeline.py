@@ -15,8 +15,10 @@ thread waits for each request's receives and the step boundary reads its flag; o
 report completion themselves (``is_completed``).
 
 Messages are point-to-point (gloo and NCCL both have them): the eigenvalues ``(k + l,)`` padded
-with NaN when Lanczos stopped early, and for every pair of a curvature and a training rank whose
-coordinate slices overlap, that ``(k + l) × overlap`` block (zero rows for missing pairs).
+with NaN when Lanczos stopped early, followed by how many are of the largest and the seconds the
+ESE took on curvature rank 0 (the training ranks' record of the curvature ranks' work), and for
+every pair of a curvature and a training rank whose coordinate slices overlap, that
+``(k + l) × overlap`` block (zero rows for missing pairs).
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ class CurvaturePipeline:
             snapshot = flat_params.detach().clone()
             sends = [_started(dist.isend(snapshot, self.trainers + j)) for j in range(self.curvers)]
         mine = (self.shard.start, self.shard.stop)
-        eigenvalues = torch.empty(self.pairs + 1, dtype=torch.float64)  # and the top count
+        eigenvalues = torch.empty(self.pairs + 2, dtype=torch.float64)  # and top, seconds
         works = [_started(dist.irecv(eigenvalues, self.trainers))]
         blocks = []
         for j in range(self.curvers):
@@ -149,16 +151,17 @@ class CurvaturePipeline:
         ``step``: the eigenpairs in use are older than the bound allows."""
         return bool(self.pending) and step - self.pending[0].step >= max_staleness
 
-    def take(self) -> tuple[int, torch.Tensor, torch.Tensor, int]:
+    def take(self) -> tuple[int, torch.Tensor, torch.Tensor, int, float]:
         """The oldest request's result, waited for: (snapshot step, eigenvalues ``(K,)``
         float64, this rank's eigenvector coordinates ``(K, n_r)``, how many of them are of the
-        largest), ``K <= k + l``."""
+        largest, the seconds the ESE took), ``K <= k + l``."""
         p = self.pending.pop(0)
         p.wait()
-        values, top = p.eigenvalues[:-1], int(p.eigenvalues[-1])
+        values, top = p.eigenvalues[:-2], int(p.eigenvalues[-2])
         found = int((~torch.isnan(values)).sum())
         vectors = torch.cat(p.blocks, dim=1) if p.blocks else torch.empty(self.pairs, 0)
-        return p.step, values[:found].clone(), vectors[:found].contiguous(), top
+        seconds = float(p.eigenvalues[-1])
+        return p.step, values[:found].clone(), vectors[:found].contiguous(), top, seconds
 
     def drain(self) -> None:
         """Wait for every request in flight (its receives, and training rank 0's snapshot
@@ -175,15 +178,15 @@ class CurvaturePipeline:
         dist.recv(snapshot, 0)
         return snapshot
 
-    def send(self, spectrum: ExtremeSpectrum, dtype: torch.dtype) -> None:
+    def send(self, spectrum: ExtremeSpectrum, dtype: torch.dtype, seconds: float) -> None:
         """Every training rank's coordinates of the eigenvectors (and, from curvature rank 0,
-        the eigenvalues); returns when sent."""
+        the eigenvalues and the ESE's ``seconds``); returns when sent."""
         found = spectrum.eigenvalues.numel()
         works = []
         if self.shard.rank == 0:
-            values = torch.full((self.pairs + 1,), float("nan"), dtype=torch.float64)
+            values = torch.full((self.pairs + 2,), float("nan"), dtype=torch.float64)
             values[:found] = spectrum.eigenvalues
-            values[-1] = spectrum.top
+            values[-2], values[-1] = spectrum.top, seconds
             works += [_started(dist.isend(values, r)) for r in range(self.trainers)]
         mine = (self.shard.start, self.shard.stop)
         blocks = []

@@ -95,9 +95,42 @@ class Method(ABC):
         skips its gradient allreduce and only sums its flags."""
         return False
 
+    @property
+    def curvature_ranks(self) -> int:
+        """How many of the world's last ranks take no training step: they serve the curvature
+        work the training ranks request (:meth:`curvature_request`, :meth:`serve`); 0: none."""
+        return 0
+
+    @property
+    def is_curvature_rank(self) -> bool:
+        """Whether this rank is one of the :attr:`curvature_ranks`."""
+        return False
+
+    @property
+    def training_group(self) -> Any:
+        """The process group of the training ranks, over which every step's collectives run
+        (None: the whole world)."""
+        return None
+
+    def curvature_request(self) -> int | None:
+        """Training ranks, before a step: the number of the curvature request that the step
+        will make of the curvature ranks (its snapshot sent by the step), or None."""
+        return None
+
+    def serve(self, step: int, number: int, curvature_loss: CurvatureLoss) -> None:
+        """A curvature rank: serve request ``number``, made at step ``step`` (whose batch
+        ``curvature_loss`` computes the loss of)."""
+        raise NotImplementedError(f"method {self.name} has no curvature ranks")
+
+    def drain_curvature_phases(self) -> dict[str, float]:
+        """Training ranks: the seconds of each phase the curvature ranks reported with the
+        results received since the last call (the curvature ranks' rows of a timing window)."""
+        return {}
+
     def synchronize(self) -> None:
-        """Make every rank's model the training model before an evaluation or a checkpoint
-        (collective; for methods whose ranks may hold other parameters)."""
+        """Make every rank's model the training model before a checkpoint, and before an
+        evaluation without curvature ranks (with them an evaluation is the training ranks'
+        alone); collective, for methods whose ranks may hold other parameters."""
         return None
 
     @property

@@ -7,8 +7,9 @@ all-gathers the new parameters. The step's timing phases: ``grad_allreduce`` (th
 reduce-scatter), ``ese``, ``optimizer`` and ``param_allgather``. Its checkpoint state is the
 whole state gathered over coordinates (``full_state_dict``), so a run saved at P ranks resumes
 at any P'. With ``curvature_ranks`` the last ranks compute ESEs only (the gradients are
-reduce-scattered over the training ranks), and before an evaluation or a checkpoint every rank
-takes training rank 0's model.
+reduce-scattered over the training ranks): they take no step but serve each ESE the training
+ranks request (the job's curvature loop, kfac_hpc/train/curvature_ranks.py), and before a
+checkpoint every rank takes training rank 0's model.
 """
 
 from __future__ import annotations
@@ -90,31 +91,50 @@ class FOSIMethod(Method):
         self.resume_note: str | None = None  # what a resume re-estimated, said in the log
         self._state = FOSIState(fosi)
         self.ese_s: list[float] = []  # seconds of every ESE this rank ran (this attempt)
+        self._drained = 0  # of fosi.curvature_ese_s, those already in a timing window
 
     def step(self, timer: PhaseTimer, curvature_loss: CurvatureLoss) -> None:
         self.fosi.last_ese_s = 0.0
         try:
             self.fosi.step(curvature_loss, lap=timer.lap)  # charges each part of the step
         except NonFiniteCurvature as exc:  # on every rank alike (allreduced numbers)
-            what, found = (
-                ("loss", "FOSI's check of every step: the gradient is")
-                if exc.in_gradient
-                else ("loss", "FOSI's ESE: the parameters or the curvature-batch loss are")
-                if exc.diverged
-                else (
-                    "curvature",
-                    "FOSI's ESE: the loss is finite, its Hessian-vector products are",
-                )
-            )
-            lr, alpha, clip = (OPTIONS[n].flag for n in ("lr", "fosi_alpha", "fosi_clip"))
-            raise TrainingDiverged(
-                f"the {what} became non-finite at step {exc.step} ({found} not finite); the run "
-                f"stopped at that step without checkpointing that state: lower {lr}, {alpha} or "
-                f"{clip} and start a new run"
-            ) from None
+            raise _diverged(exc) from None
         if self.fosi.last_ese_s:
             self.ese_s.append(self.fosi.last_ese_s)
-        timer.lap("optimizer")  # what a curvature rank does on a step without an ESE
+        timer.lap("optimizer")
+
+    @property
+    def curvature_ranks(self) -> int:
+        return 0 if self.fosi.pipeline is None else self.fosi.pipeline.curvers
+
+    @property
+    def is_curvature_rank(self) -> bool:
+        return self.fosi.is_curvature_rank
+
+    @property
+    def training_group(self) -> Any:
+        return None if self.fosi.pipeline is None else self.fosi.pipeline.shard.group
+
+    def curvature_request(self) -> int | None:
+        """The ESE's number when the next step requests one of the curvature ranks."""
+        fosi = self.fosi
+        return fosi.ese_count if fosi.pipeline is not None and fosi.ese_due() else None
+
+    def serve(self, step: int, number: int, curvature_loss: CurvatureLoss) -> None:
+        """The ESE requested at ``step`` (the ``number``-th of the run)."""
+        try:
+            self.fosi.serve_ese(step, number, curvature_loss)
+        except NonFiniteCurvature as exc:  # on every curvature rank alike
+            raise _diverged(exc) from None
+        self.ese_s.append(self.fosi.last_ese_s)
+
+    def drain_curvature_phases(self) -> dict[str, float]:
+        """The seconds of the ESEs swapped in since the last call, as the curvature ranks
+        reported them."""
+        reported = self.fosi.curvature_ese_s
+        seconds = sum(reported[self._drained :])
+        self._drained = len(reported)
+        return {"ese": seconds}
 
     @property
     def checkpointed_optimizer(self) -> None:
@@ -149,7 +169,8 @@ class FOSIMethod(Method):
             "fosi": True,
             "fosi_eigenvalues": [float(x) for x in fosi.eigenvalues],
             "ese_count": fosi.ese_count,
-            "ese_s": list(self.ese_s),
+            # with curvature ranks: every ESE swapped in, as the curvature ranks reported it
+            "ese_s": list(self.ese_s if fosi.pipeline is None else fosi.curvature_ese_s),
             "ese_staleness_steps": list(fosi.staleness),
             "ese_staleness_max": max(fosi.staleness, default=0),
             "fosi_late_steps": len(fosi.late_steps),
@@ -191,6 +212,23 @@ class FOSIMethod(Method):
         )
         if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
             print(f"kfac-hpc train: resume: {self.resume_note}", flush=True)
+
+
+def _diverged(exc: NonFiniteCurvature) -> TrainingDiverged:
+    """The job's error for a non-finite gradient or curvature that FOSI found."""
+    what, found = (
+        ("loss", "FOSI's check of every step: the gradient is")
+        if exc.in_gradient
+        else ("loss", "FOSI's ESE: the parameters or the curvature-batch loss are")
+        if exc.diverged
+        else ("curvature", "FOSI's ESE: the loss is finite, its Hessian-vector products are")
+    )
+    lr, alpha, clip = (OPTIONS[n].flag for n in ("lr", "fosi_alpha", "fosi_clip"))
+    return TrainingDiverged(
+        f"the {what} became non-finite at step {exc.step} ({found} not finite); the run "
+        f"stopped at that step without checkpointing that state: lower {lr}, {alpha} or "
+        f"{clip} and start a new run"
+    )
 
 
 def _check_sizes(config: TrainConfig, parameters: int) -> None:
