@@ -312,12 +312,12 @@ def _module_lines(modules: object, model: str | None) -> list[str]:
     """The ``[machine.modules]`` table of ``modules`` (kind -> 6 coefficients), if any."""
     if not isinstance(modules, dict):
         return []
-    over = f" and {model}'s own modules" if model else ""
+    over = f", {model}'s own among them" if model else ""
     return [
         "",
         "# module kinds priced by their own shape: seconds = per call + FLOPs * per FLOP +",
-        "# elements * per element, forward then backward; fitted to real modules"
-        f" (layer_rates.py){over}",
+        "# elements * per element, forward then backward; fitted to real modules timed here",
+        f"# (layer_rates.py{over})",
         "[machine.modules]",
         *(f"{kind} = {_rows([row])[1:-1]}" for kind, row in modules.items()),
     ]
