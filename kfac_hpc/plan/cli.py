@@ -348,7 +348,10 @@ def calibrate(out: str, backend: str, eigh_sizes: str, dataset: str, model: str 
     if model is not None:
         from kfac_hpc.plan.layers import build_network
 
-        build_network(model, dataset)  # a bad --model fails here, before any measurement
+        try:  # a bad --model fails here, before any measurement
+            build_network(model, dataset)
+        except PlanInputError as exc:
+            raise PlanInputError("--model", exc.reason) from None
     chosen = None if backend == "auto" else backend
     text = calibrate_site(path, chosen, tuple(sizes), dataset, model)
     if text is not None:

@@ -53,6 +53,7 @@ def test_one_node_copies_the_intra_link_and_says_so(tmp_path: Path) -> None:
         (["--out", "/no/such/folder/site.toml"], "--out"),
         (["--out", "x.toml", "--eigh-sizes", "64"], "--eigh-sizes"),
         (["--out", "x.toml", "--eigh-sizes", "64,big"], "--eigh-sizes"),
+        (["--out", "x.toml", "--model", "nosuchmodel"], "--model"),
     ],
 )
 def test_bad_calibrate_flags_are_one_line(tmp_path: Path, args: list[str], flag: str) -> None:
