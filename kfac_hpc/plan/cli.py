@@ -326,8 +326,14 @@ def _plan(**o: Any) -> None:
     help="The input pipeline the job's data phase and step overhead are measured on (a "
     "1-rank run; a dataset read from files: the synthetic one of its shape).",
 )
+@click.option(
+    "--model",
+    default=None,
+    help="A model (as plan's --model) whose own modules, on --dataset's input, are timed "
+    "too for the module kinds' fits [default: the generic shapes only].",
+)
 @guard("plan calibrate", failures=((RuntimeError, "error: calibrating failed"),))
-def calibrate(out: str, backend: str, eigh_sizes: str, dataset: str) -> None:
+def calibrate(out: str, backend: str, eigh_sizes: str, dataset: str, model: str | None) -> None:
     """Measure this allocation's links (inside and between nodes), eigendecomposition, GEMM
     and real-layer rates, the compute slowdown and the waits by ranks at once and the job's
     own overhead, and write a hardware profile: run on every rank, e.g. ``srun -N 2
@@ -339,6 +345,14 @@ def calibrate(out: str, backend: str, eigh_sizes: str, dataset: str) -> None:
     if len(sizes) < 2:
         raise PlanInputError("--eigh-sizes", "give at least 2 sizes (the curve's two ends)")
     path = check_output("--out", out)
-    text = calibrate_site(path, None if backend == "auto" else backend, tuple(sizes), dataset)
+    if model is not None:
+        from kfac_hpc.plan.layers import build_network
+
+        try:  # a bad --model fails here, before any measurement
+            build_network(model, dataset)
+        except PlanInputError as exc:
+            raise PlanInputError("--model", exc.reason) from None
+    chosen = None if backend == "auto" else backend
+    text = calibrate_site(path, chosen, tuple(sizes), dataset, model)
     if text is not None:
         click.echo(f"hardware profile: {path} (use: kfac-hpc plan --hardware {path})")

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from kfac_hpc.optim.layers import KFACLayer, make_layer
-from kfac_hpc.plan.layers import INPUTS, LayerShape, ModelShape, build_network
+from kfac_hpc.plan.layers import INPUTS, LayerShape, ModelShape, ModuleCost, build_network
 from kfac_hpc.plan.profiles import MachineProfile
 from kfac_hpc.train.config import TrainConfig
 from kfac_hpc.train.optimizers import make_optimizer
@@ -54,24 +54,51 @@ class RatedCompute:
         self.machine, self.shape = machine, shape
 
     def forward_backward_s(self, batch: int, kfac: bool = False) -> tuple[float, float]:
-        """Each layer from the profile's measured curve of its kind (its factor update in
-        the backward with ``kfac``: the hooks compute the factors there), else its FLOPs at
-        the GEMM rate (backward = 2 × forward, hooks not rated); plus the elementwise layers'
-        traffic."""
+        """With the profile's module fits: every module of the model priced by its kind's fit
+        at its own FLOPs and elements (:meth:`_module_s`). Without: each K-FAC layer from the
+        profile's measured curve of its kind, else its FLOPs at the GEMM rate (backward =
+        2 × forward), plus the elementwise layers' traffic. With ``kfac``, each layer's factor
+        update from its curve in the backward (the hooks compute the factors there; not
+        rated without a curve)."""
         m = self.machine
-        # elementwise layers (norms, activations) read and write every activation once
-        elementwise = batch * self.shape.activations_per_sample * 8 / m.memory_bytes_per_s
-        forward, backward = elementwise, 2 * elementwise
-        for layer in self.shape.layers:
-            flops = batch * layer.forward_flops
-            measured = m.layer_s(layer_kind(layer), flops)
-            if measured is None:
-                rated = flops / m.gemm_flops_per_s + m.kernel_overhead_s
-                forward, backward = forward + rated, backward + 2 * rated
-            else:
-                forward += measured[0]
-                backward += measured[1] + (measured[2] if kfac else 0.0)
+        if m.modules and self.shape.modules:
+            forward = backward = 0.0
+            for module in self.shape.modules:
+                f, b = self._module_s(module, batch)
+                forward, backward = forward + f, backward + b
+        else:
+            # elementwise layers (norms, activations) read and write every activation once
+            elementwise = batch * self.shape.activations_per_sample * 8 / m.memory_bytes_per_s
+            forward, backward = elementwise, 2 * elementwise
+            for layer in self.shape.layers:
+                f, b = self._layer_s(layer_kind(layer), batch * layer.forward_flops)
+                forward, backward = forward + f, backward + b
+        if kfac:
+            for layer in self.shape.layers:
+                measured = m.layer_s(layer_kind(layer), batch * layer.forward_flops)
+                backward += measured[2] if measured else 0.0
         return forward, backward
+
+    def _layer_s(self, kind: str, flops: float) -> tuple[float, float]:
+        """A ``kind`` layer of ``flops`` from the profile's curve, else the GEMM rate."""
+        m = self.machine
+        measured = m.layer_s(kind, flops)
+        if measured is None:
+            rated = flops / m.gemm_flops_per_s + m.kernel_overhead_s
+            return rated, 2 * rated
+        return measured[0], measured[1]
+
+    def _module_s(self, module: ModuleCost, batch: int) -> tuple[float, float]:
+        """One module at ``batch``: its kind's fit; a kind the profile does not fit as
+        without fits (a weight layer by its curve or the GEMM rate, any other module its
+        elements read or written once at the memory rate, twice in the backward)."""
+        fit = self.machine.module_fit(module.kind)
+        if fit is not None:
+            return fit.seconds(batch * module.flops, batch * module.elements)
+        if module.kind in ("conv", "linear"):
+            return self._layer_s(module.kind, batch * module.flops)
+        traffic = batch * module.elements * 4 / self.machine.memory_bytes_per_s
+        return traffic, 2 * traffic
 
     def factor_s(self, layer: LayerShape, batch: int) -> float:
         return batch * layer.factor_flops / self.machine.gemm_flops_per_s + (

@@ -7,25 +7,43 @@ with its forward seconds, its backward seconds (input and weight gradients) and 
 its K-FAC factor update from the captured input and output gradient (the code the
 preconditioner's hooks run: ``KFACLayer.a_factor`` and ``g_factor``). Small layers run far
 below a large GEMM's rate (launch and dispatch costs, short loops), which one GEMM rate
-cannot say. Also the job's optimizer update per parameter tensor (``optimizer_tensor_s``): on a
-CPU its update loops over the tensors, and a small model's update is mostly that loop.
+cannot say. And every kind of module a profile prices by its own shape
+(module_fits.py): modules of each kind at shapes chosen to vary the call count, the FLOPs and
+the elements apart (thin first-layer convolutions among them), each timed in its forward and
+its backward, for ``plan calibrate`` to fit. Also the job's optimizer update per parameter
+tensor (``optimizer_tensor_s``): on a CPU its update loops over the tensors, and a small
+model's update is mostly that loop.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from torch import nn
 
 from kfac_hpc.optim.layers import make_layer
+from kfac_hpc.plan.layers import module_kind, weight_flops
+from kfac_hpc.plan.module_fits import MODULE_KINDS, ModuleFit, ModulePoint, fit_module
 from kfac_hpc.train.config import TrainConfig
 from kfac_hpc.train.optimizers import make_optimizer
 
-__all__ = ["CONV_CHANNELS", "LINEAR_WIDTHS", "layer_curve", "optimizer_tensor_s", "per_call_s"]
+__all__ = [
+    "CONV_CHANNELS",
+    "LINEAR_WIDTHS",
+    "MODULE_SAMPLES",
+    "layer_curve",
+    "model_samples",
+    "module_fits",
+    "module_points",
+    "optimizer_tensor_s",
+    "per_call_s",
+]
 
 CONV_CHANNELS = (4, 8, 16, 32, 64, 128, 256)
 LINEAR_WIDTHS = (16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -113,3 +131,136 @@ def optimizer_tensor_s(device: torch.device) -> float:
     many = _update_s([(_TENSOR_ELEMENTS,)] * _TENSORS, device)
     one = _update_s([(_TENSORS * _TENSOR_ELEMENTS,)], device)
     return max(0.0, (many - one) / (_TENSORS - 1))
+
+
+Sample = tuple[Callable[[], nn.Module], tuple[int, ...]]  # a module's factory, its input shape
+# per kind: modules and inputs (batch first) whose FLOPs and elements vary apart
+MODULE_SAMPLES: dict[str, tuple[Sample, ...]] = {
+    "conv": tuple(
+        (partial(nn.Conv2d, cin, cout, 3, padding=1), (batch, cin, side, side))
+        for cin, cout, side, batch in (
+            (1, 16, 8, 16),
+            (1, 16, 8, 128),
+            (3, 16, 32, 16),
+            (16, 32, 8, 16),
+            (16, 32, 8, 128),
+            (32, 32, 8, 64),
+            (32, 64, 16, 16),
+            (64, 64, 8, 32),
+            (64, 128, 16, 16),
+            (128, 128, 8, 16),
+            (256, 256, 8, 16),
+        )
+    ),
+    "linear": tuple(
+        (partial(nn.Linear, n_in, n_out), (batch, n_in))
+        for n_in, n_out, batch in (
+            (16, 16, 32),
+            (64, 10, 128),
+            (512, 64, 128),
+            (128, 128, 32),
+            (256, 256, 64),
+            (512, 512, 32),
+            (1024, 1024, 32),
+            (2048, 2048, 32),
+        )
+    ),
+    "batchnorm": tuple(
+        (partial(nn.BatchNorm2d, c), (batch, c, side, side))
+        for batch, c, side in ((16, 16, 8), (128, 32, 8), (16, 64, 16), (64, 64, 32))
+    ),
+    "layernorm": tuple(
+        (partial(nn.LayerNorm, d), (batch, d))
+        for batch, d in ((32, 64), (256, 256), (512, 512), (2048, 1024))
+    ),
+    "activation": tuple(
+        (nn.ReLU, (batch, c, side, side))
+        for batch, c, side in ((16, 16, 8), (128, 32, 8), (64, 64, 16), (64, 64, 32))
+    ),
+    "pool": tuple(
+        (partial(nn.MaxPool2d, 3, 2, 1), (batch, c, side, side))
+        for batch, c, side in ((16, 16, 8), (128, 32, 8), (64, 64, 16), (32, 64, 56))
+    ),
+    "adaptive_pool": tuple(
+        (partial(nn.AdaptiveAvgPool2d, out), (batch, c, side, side))
+        for out, batch, c, side in (
+            (4, 16, 32, 8),
+            (4, 128, 32, 8),
+            (1, 64, 64, 16),
+            (1, 16, 256, 8),
+            (4, 64, 16, 32),
+        )
+    ),
+    "view": tuple(
+        (nn.Flatten, (batch, c, side, side))
+        for batch, c, side in ((16, 32, 4), (128, 32, 4), (64, 64, 8))
+    ),
+}
+
+
+def _module_point(module: nn.Module, x: torch.Tensor) -> ModulePoint:
+    """(FLOPs, elements, forward s, backward s) of ``module`` on ``x`` in training mode."""
+    device = x.device
+    module.train()
+    x = x.requires_grad_(True)
+    with torch.no_grad():
+        out = module(x)
+    grad = torch.randn_like(out)
+    forward = per_call_s(lambda: module(x), device)
+    both = per_call_s(lambda: module(x).backward(grad), device)
+    flops = x.shape[0] * weight_flops(module, out[0])
+    elements = x.numel() + out.numel()
+    # the backward is the difference of two medians: noise can make it tiny, never <= 0
+    return flops, float(elements), forward, max(both - forward, 0.05 * forward)
+
+
+def module_points(samples: Sequence[Sample], device: torch.device) -> list[ModulePoint]:
+    """The measured points of ``samples`` on ``device``."""
+    points = []
+    for make, shape in samples:
+        module = make().to(device)
+        points.append(_module_point(module, torch.randn(*shape, device=device)))
+    return points
+
+
+def _copy_of(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` that does not work in place (its input is a leaf)."""
+    out = copy.deepcopy(module)
+    if hasattr(out, "inplace"):
+        setattr(out, "inplace", False)  # noqa: B010 (a module attribute torch types as a tensor)
+    return out
+
+
+def model_samples(
+    net: nn.Module, shape: tuple[int, ...], batches: Sequence[int]
+) -> list[tuple[str, Sample]]:
+    """Every leaf module of ``net`` (its input ``shape``, batch excluded) by kind, with the
+    input it gets, at each of ``batches`` (modules of a non-floating input left out)."""
+    found: list[tuple[nn.Module, tuple[int, ...]]] = []
+    handles = []
+    for module in net.modules():
+        if not list(module.children()):
+
+            def hook(mod: nn.Module, args: tuple[object, ...], out: object) -> None:
+                x = args[0] if args else None
+                if isinstance(x, torch.Tensor) and x.is_floating_point():
+                    found.append((mod, tuple(x.shape[1:])))
+
+            handles.append(module.register_forward_hook(hook))
+    with torch.no_grad():
+        net(torch.zeros(1, *shape))
+    for handle in handles:
+        handle.remove()
+    return [(module_kind(m), (partial(_copy_of, m), (b, *s))) for b in batches for m, s in found]
+
+
+def module_fits(
+    device: torch.device, extra: Sequence[tuple[str, Sample]] = ()
+) -> dict[str, ModuleFit]:
+    """Every kind of MODULE_KINDS fitted to its points of MODULE_SAMPLES and of ``extra``
+    (``(kind, sample)``: a planned model's own modules) measured on ``device``."""
+    fits = {}
+    for kind in MODULE_KINDS:
+        own = [sample for k, sample in extra if k == kind]
+        fits[kind] = fit_module(module_points([*MODULE_SAMPLES[kind], *own], device))
+    return fits

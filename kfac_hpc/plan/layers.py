@@ -19,7 +19,17 @@ from kfac_hpc.plan.errors import PlanInputError, check_planned
 from kfac_hpc.train.config import TrainConfig
 from kfac_hpc.train.workloads import build_model
 
-__all__ = ["INPUTS", "LayerShape", "ModelShape", "build_network", "check_fit", "model_shape"]
+__all__ = [
+    "INPUTS",
+    "LayerShape",
+    "ModelShape",
+    "ModuleCost",
+    "build_network",
+    "check_fit",
+    "model_shape",
+    "module_kind",
+    "weight_flops",
+]
 
 # dataset -> (input shape C, H, W of images or C, L of sequences; classes); cifar10,
 # imagefolder and mnist1d are the shapes of the real sets (the plan needs no data files)
@@ -64,6 +74,49 @@ class LayerShape:
 
 
 @dataclass(frozen=True)
+class ModuleCost:
+    """One leaf module of the model, per sample: its kind (:func:`module_kind`), the FLOPs of
+    its weight product (convolution, linear; else 0) and its input plus output elements."""
+
+    name: str
+    kind: str
+    flops: float
+    elements: int
+
+
+_KINDS: tuple[tuple[tuple[type[nn.Module], ...], str], ...] = (
+    ((nn.Conv1d, nn.Conv2d, nn.Conv3d), "conv"),
+    ((nn.Linear,), "linear"),
+    ((nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d), "batchnorm"),
+    ((nn.LayerNorm, nn.GroupNorm), "layernorm"),
+    ((nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d), "adaptive_pool"),
+    ((nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d), "pool"),
+    ((nn.Flatten, nn.Identity, nn.Unflatten), "view"),
+)
+
+
+def module_kind(module: nn.Module) -> str:
+    """The kind a profile prices ``module`` as: ``conv``, ``linear``, ``batchnorm``,
+    ``layernorm``, ``pool``, ``adaptive_pool``, ``view`` (reshapes); any other leaf module
+    (ReLU, GELU, dropout, ...) is ``activation``: one elementwise pass."""
+    for types, kind in _KINDS:
+        if isinstance(module, types):
+            return kind
+    return "activation"
+
+
+def weight_flops(module: nn.Module, out: torch.Tensor) -> float:
+    """Multiply-adds ×2 of ``module``'s weight product for the output ``out`` of one sample
+    (0 for a module without one)."""
+    if isinstance(module, nn.Linear):
+        return 2.0 * out.numel() * module.in_features
+    if isinstance(module, nn.Conv1d | nn.Conv2d | nn.Conv3d):
+        kernel = module.weight[0].numel()  # in_channels / groups × kernel positions
+        return 2.0 * out.numel() * kernel
+    return 0.0
+
+
+@dataclass(frozen=True)
 class ModelShape:
     """The K-FAC layers plus model-wide sizes (elements, per sample where stated)."""
 
@@ -73,6 +126,7 @@ class ModelShape:
     params: int
     activations_per_sample: int
     param_tensors: int = 0  # trainable parameter tensors (the optimizer loops over them)
+    modules: tuple[ModuleCost, ...] = ()  # every leaf module, in forward order
 
     @property
     def forward_flops(self) -> float:
@@ -113,7 +167,7 @@ def model_shape(model: str, dataset: str) -> ModelShape:
     """The layer inventory of ``model`` on ``dataset``'s input shape."""
     net = build_network(model, dataset)
     shape = INPUTS[dataset][0]
-    layers, rows, inputs, activations = _probe(net, shape)
+    layers, rows, inputs, activations, modules = _probe(net, shape)
     shapes = tuple(
         LayerShape(
             k.name,
@@ -128,23 +182,29 @@ def model_shape(model: str, dataset: str) -> ModelShape:
     )
     trained = [p for p in net.parameters() if p.requires_grad]
     params = sum(p.numel() for p in trained)
-    return ModelShape(model, dataset, shapes, params, activations, len(trained))
+    return ModelShape(model, dataset, shapes, params, activations, len(trained), tuple(modules))
 
 
 def _probe(
     net: nn.Module, shape: tuple[int, ...]
-) -> tuple[list[KFACLayer], dict[str, int], dict[str, tuple[int, ...]], int]:
+) -> tuple[list[KFACLayer], dict[str, int], dict[str, tuple[int, ...]], int, list[ModuleCost]]:
     """One sample through ``net``: K-FAC layers, their output positions and input shapes
-    (without the batch), activation elements."""
+    (without the batch), activation elements, every leaf module's cost inventory."""
     layers: list[KFACLayer] = []
     rows: dict[str, int] = {}
     inputs: dict[str, tuple[int, ...]] = {}
+    modules: list[ModuleCost] = []
     activations = 0
     handles = []
 
-    def leaf_hook(module: nn.Module, inputs: object, out: torch.Tensor) -> None:
+    def leaf_hook(
+        module: nn.Module, args: tuple[object, ...], out: torch.Tensor, name: str
+    ) -> None:
         nonlocal activations
         activations += out.numel()
+        read = sum(a.numel() for a in args if isinstance(a, torch.Tensor))
+        kind = module_kind(module)
+        modules.append(ModuleCost(name, kind, weight_flops(module, out), read + out.numel()))
 
     for name, module in net.named_modules():
         layer = make_layer(name or type(module).__name__, module)
@@ -162,10 +222,13 @@ def _probe(
 
             handles.append(module.register_forward_hook(hook))
         if not list(module.children()):
-            handles.append(module.register_forward_hook(leaf_hook))
+            key = name or type(module).__name__
+            handles.append(
+                module.register_forward_hook(lambda m, a, o, k=key: leaf_hook(m, a, o, k))
+            )
     net.eval()
     with torch.no_grad():
         net(torch.zeros(1, *shape))
     for handle in handles:
         handle.remove()
-    return layers, rows, inputs, activations
+    return layers, rows, inputs, activations, modules

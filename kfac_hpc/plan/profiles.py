@@ -20,6 +20,7 @@ from typing import Any
 from kfac_hpc.contracts.textfile import read_user_text
 from kfac_hpc.plan.alphabeta import AlphaBeta
 from kfac_hpc.plan.errors import PlanInputError, shown
+from kfac_hpc.plan.module_fits import MODULE_KINDS, ModuleFit
 from kfac_hpc.plan.placement import ALGORITHMS, BACKENDS
 
 if sys.version_info >= (3, 11):
@@ -69,7 +70,9 @@ class MachineProfile:
     that kind of layer). ``slowdown_curve``: measured ``(ranks, slowdown)`` of compute when
     that many ranks of the allocation compute at once (when given, it replaces the
     ``cores_per_node`` ratio). ``optimizer_tensor_s``: the job's optimizer update's cost per
-    parameter tensor beyond its traffic (a CPU's per-tensor loop).
+    parameter tensor beyond its traffic (a CPU's per-tensor loop). ``modules``: ``(kind,
+    fit)`` of module kinds priced by their own shape (module_fits.py; ``[machine.modules]``
+    in the file): when given, every module of a kind it holds is priced by its fit.
     """
 
     name: str
@@ -88,6 +91,11 @@ class MachineProfile:
     linear_curve: tuple[tuple[float, float, float, float], ...] = ()
     slowdown_curve: tuple[tuple[int, float], ...] = ()
     optimizer_tensor_s: float = 0.0
+    modules: tuple[tuple[str, ModuleFit], ...] = ()
+
+    def module_fit(self, kind: str) -> ModuleFit | None:
+        """The fit that prices modules of ``kind``; None when the profile has none."""
+        return next((fit for k, fit in self.modules if k == kind), None)
 
     def eigh_s(self, n: int) -> float:
         """Seconds of one eigendecomposition of size ``n``: log-log interpolation of
@@ -320,9 +328,34 @@ def _curves(table: dict[str, Any], section: str) -> dict[str, Any]:
     return out
 
 
+_MODULE_FIX = (
+    "must be 6 numbers in [0, 1]: forward s per call, s per FLOP, s per element, then the "
+    "backward's"
+)
+
+
+def _module_fits(table: Any) -> tuple[tuple[str, ModuleFit], ...]:
+    """The checked ``[machine.modules]`` table: ``kind = [6 coefficients]``."""
+    if not isinstance(table, dict):
+        raise PlanInputError("machine.modules", "must be a table of kind = [6 numbers]")
+    _check_keys(table, "machine.modules", set(MODULE_KINDS))
+    fits = []
+    for kind, row in table.items():
+        column: Column = ("float", 0.0, 1.0, False)
+        ok = isinstance(row, list) and len(row) == 6
+        if not (ok and all(_entry_ok(e, column) for e in row)):
+            raise PlanInputError(f"machine.modules.{kind}", f"{_short(row)}: {_MODULE_FIX}")
+        values = [float(e) for e in row]
+        forward = (values[0], values[1], values[2])
+        fits.append((kind, ModuleFit(forward, (values[3], values[4], values[5]))))
+    return tuple(fits)
+
+
 def _machine(name: str, table: dict[str, Any]) -> MachineProfile:
     curves = _curves(table, "machine")
-    values = _values(table, "machine", frozenset({"device", *_keys_of("machine")}))
+    modules = _module_fits(table["modules"]) if "modules" in table else ()
+    extra = frozenset({"device", "modules", *_keys_of("machine")})
+    values = _values(table, "machine", extra)
     device = table.get("device", shown(name))
     if not isinstance(device, str) or not device.isprintable() or len(device) > _DEVICE_CHARS:
         raise PlanInputError(
@@ -334,7 +367,7 @@ def _machine(name: str, table: dict[str, Any]) -> MachineProfile:
             "machine.threads_per_rank",
             f"{threads} is more than cores_per_node ({cores}); at most the node's cores",
         )
-    return MachineProfile(device, **values, **curves)
+    return MachineProfile(device, **values, **curves, modules=modules)
 
 
 def _keys_of(section: str) -> set[str]:

@@ -10,7 +10,8 @@ CPUs: the same code). It measures:
   of the pair, fitted to ``α + β·n`` (one hop) by least squares;
 - on rank 0's device: one eigendecomposition (``torch.linalg.eigh``, the preconditioner's) at
   each size of ``eigh_sizes`` (median of 3), the sustained GEMM rate (square FP32 products),
-  the elementwise rate (a copy) and real layers' curves (layer_rates.py);
+  the elementwise rate (a copy), real layers' curves and the module kinds' fits
+  (layer_rates.py; with ``model``, fitted over that model's own modules too);
 - over the launch's ranks: the compute slowdown when one rank a node and every rank compute
   at once, and the wait of a collective after compute (calibrate.py's sync rounds) over
   those sets; on rank 0, the job's own overhead (overhead.py's 1-rank run on ``dataset``);
@@ -37,7 +38,8 @@ from torch import nn
 from kfac_hpc.contracts.atomic import write_bytes_atomic
 from kfac_hpc.plan.alphabeta import AlphaBeta, fit_alpha_beta
 from kfac_hpc.plan.calibrate import SYNC_BYTES, fit_wait, gemm_s, sync_reps, sync_rounds
-from kfac_hpc.plan.layer_rates import layer_curve, optimizer_tensor_s
+from kfac_hpc.plan.layer_rates import layer_curve, model_samples, module_fits, optimizer_tensor_s
+from kfac_hpc.plan.layers import INPUTS, build_network
 from kfac_hpc.plan.overhead import JobOverhead, measure_job_overhead
 from kfac_hpc.plan.placement import price_s
 from kfac_hpc.plan.profiles import NetworkProfile
@@ -52,6 +54,7 @@ _GEMM_N = 1024
 _COPY_BYTES = 64 * 2**20
 _CONCURRENCY_ROUNDS, _CONCURRENCY_REPS = 10, 10
 OVERHEAD_BATCH = 64  # the batch of the 1-rank run that measures the job's own overhead
+MODEL_BATCHES = (16, 64)  # the batches a planned model's own modules are timed at
 
 
 def _sync(device: torch.device) -> None:
@@ -102,8 +105,12 @@ def _pair_link(pair: tuple[int, int], device: torch.device) -> AlphaBeta | None:
     return AlphaBeta(fit.alpha_s, (beyond if beyond > 0 else seconds) / largest)
 
 
-def _device_rates(device: torch.device, sizes: Sequence[int]) -> dict[str, object]:
-    """Eigendecomposition seconds at ``sizes``, GEMM FLOP/s and elementwise bytes/s."""
+def _device_rates(
+    device: torch.device, sizes: Sequence[int], model: str | None = None, dataset: str = ""
+) -> dict[str, object]:
+    """Eigendecomposition seconds at ``sizes``, GEMM FLOP/s, elementwise bytes/s, the layer
+    curves, the optimizer's cost per tensor and the module kinds' fits (over ``model``'s own
+    modules on ``dataset``'s input too, when given)."""
     curve = []
     for n in sizes:
         m = torch.randn(n, n, device=device)
@@ -116,7 +123,18 @@ def _device_rates(device: torch.device, sizes: Sequence[int]) -> dict[str, objec
     copy = 2 * _COPY_BYTES / _timed(lambda: dst.copy_(src), device, 5)
     curves = {f"{kind}_curve": layer_curve(kind, device) for kind in ("conv", "linear")}
     optimizer = optimizer_tensor_s(device)
-    return {"eigh_curve": curve, "gemm": gemm, "copy": copy, "optimizer": optimizer, **curves}
+    extra = []
+    if model is not None:
+        extra = model_samples(build_network(model, dataset), INPUTS[dataset][0], MODEL_BATCHES)
+    modules = {kind: fit.row() for kind, fit in module_fits(device, extra).items()}
+    return {
+        "eigh_curve": curve,
+        "gemm": gemm,
+        "copy": copy,
+        "optimizer": optimizer,
+        "modules": modules,
+        **curves,
+    }
 
 
 def _groups(world: int, per_node: int) -> list[list[int]]:
@@ -231,10 +249,11 @@ def profile_text(
     inter: AlphaBeta | None,
     cores: int,
     host: SiteHost | None = None,
+    model: str | None = None,
 ) -> str:
     """The TOML of a measured profile (a link not measured takes the other's values, said in
-    a comment); the layer curves when ``rates`` has them; ``host``'s measurements when
-    given."""
+    a comment); the layer curves and module fits when ``rates`` has them (``model``: the
+    model whose own modules the fits include); ``host``'s measurements when given."""
     intra_link = intra or inter
     inter_link = inter or intra
     assert intra_link is not None and inter_link is not None
@@ -269,6 +288,7 @@ def profile_text(
         ),
         *([f"optimizer_tensor_s = {rates['optimizer']:.6g}"] if "optimizer" in rates else []),
         *(host.machine_lines() if host else []),
+        *_module_lines(rates.get("modules"), model),
         "",
         "[network]",
         f"ranks_per_node = {ranks_per_node}",
@@ -286,6 +306,21 @@ def profile_text(
         f"bandwidth_bytes_per_s = {inter_link.bandwidth_bytes_per_s:.6g}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _module_lines(modules: object, model: str | None) -> list[str]:
+    """The ``[machine.modules]`` table of ``modules`` (kind -> 6 coefficients), if any."""
+    if not isinstance(modules, dict):
+        return []
+    over = f", {model}'s own among them" if model else ""
+    return [
+        "",
+        "# module kinds priced by their own shape: seconds = per call + FLOPs * per FLOP +",
+        "# elements * per element, forward then backward; fitted to real modules timed here",
+        f"# (layer_rates.py{over})",
+        "[machine.modules]",
+        *(f"{kind} = {_rows([row])[1:-1]}" for kind, row in modules.items()),
+    ]
 
 
 def _link_kind(backend: str) -> str:
@@ -315,9 +350,11 @@ def calibrate_site(
     backend: str | None = None,
     eigh_sizes: Sequence[int] = EIGH_SIZES,
     dataset: str = "digits",
+    model: str | None = None,
 ) -> str | None:
     """Measure and (on rank 0) write the profile to ``out``; returns its text on rank 0
-    (``dataset``: the input pipeline the job's overhead is measured on).
+    (``dataset``: the input pipeline the job's overhead is measured on; ``model``: a model
+    whose own modules, on ``dataset``'s input, the module fits include).
     RuntimeError when the launch has neither 2 ranks on a node nor 2 nodes."""
     ctx = init_distributed(backend)
     world, nodes = ctx.world_size, ctx.launch.num_nodes
@@ -335,7 +372,7 @@ def calibrate_site(
     text = None
     if ctx.rank == 0:
         host = SiteHost(slowdown, sync, measure_job_overhead(dataset, OVERHEAD_BATCH), dataset)
-        rates = _device_rates(ctx.device, eigh_sizes)
+        rates = _device_rates(ctx.device, eigh_sizes, model, dataset)
         name = (
             torch.cuda.get_device_name(ctx.device)
             if ctx.device.type == "cuda"
@@ -343,7 +380,9 @@ def calibrate_site(
         )
         cores = 0 if ctx.device.type == "cuda" else (os.cpu_count() or 1)
         memory = _memory_bytes(ctx.device, per_node)
-        text = profile_text(name, rates, memory, per_node, ctx.backend, intra, inter, cores, host)
+        text = profile_text(
+            name, rates, memory, per_node, ctx.backend, intra, inter, cores, host, model
+        )
         write_bytes_atomic(out, text.encode("utf-8"), durable=True)
     dist.barrier()
     return text

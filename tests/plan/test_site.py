@@ -18,6 +18,7 @@ from kfac_hpc.cli import main
 from kfac_hpc.contracts.records import phase_step_s
 from kfac_hpc.plan.alphabeta import AlphaBeta
 from kfac_hpc.plan.layer_rates import CONV_CHANNELS, LINEAR_WIDTHS
+from kfac_hpc.plan.module_fits import MODULE_KINDS
 from kfac_hpc.plan.profiles import load_profile
 from kfac_hpc.plan.site import profile_text
 from tests.helpers.launch import run_mpi, script_env
@@ -52,6 +53,7 @@ def test_one_node_copies_the_intra_link_and_says_so(tmp_path: Path) -> None:
         (["--out", "/no/such/folder/site.toml"], "--out"),
         (["--out", "x.toml", "--eigh-sizes", "64"], "--eigh-sizes"),
         (["--out", "x.toml", "--eigh-sizes", "64,big"], "--eigh-sizes"),
+        (["--out", "x.toml", "--model", "nosuchmodel"], "--model"),
     ],
 )
 def test_bad_calibrate_flags_are_one_line(tmp_path: Path, args: list[str], flag: str) -> None:
@@ -79,6 +81,7 @@ def test_four_ranks_on_two_emulated_nodes_write_a_usable_profile(tmp_path: Path)
     # once, the waits over 2 and 4 ranks, the overhead of a 1-rank run
     assert len(machine.conv_curve) == len(CONV_CHANNELS)
     assert len(machine.linear_curve) == len(LINEAR_WIDTHS)
+    assert [kind for kind, _ in machine.modules] == list(MODULE_KINDS)  # every kind fitted
     assert [p for p, _ in machine.slowdown_curve] == [1, 2, 4]
     assert [fit[0] for fit in net.sync] == [2, 4]
     assert machine.step_overhead_s > 0 and machine.data_s_per_sample > 0
