@@ -59,6 +59,10 @@ _DGKS = 0.5**0.5
 # The norm of the seeded random component of a warm start vector (the previous Ritz vectors'
 # normalized sum has norm 1): enough that no eigendirection is missing from the start.
 WARM_NOISE = 0.1
+# Coordinates per block of a narrow-dtype squared norm (_local_norm2): each block's norm rounds
+# at about ε, and the float64 sum of their squares adds nothing (measured: 1e-9 relative at
+# n = 2.1 M in float32, against 5e-8 for the cascaded sum of the squares and 3e-6 for ``dot``).
+_BLOCK = 1024
 
 
 @dataclass(frozen=True)
@@ -106,14 +110,27 @@ class NonFiniteCurvature(ArithmeticError):
 
 
 def _local_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """This rank's part of ⟨a, b⟩: BLAS ``dot`` in float64 (one pass, no temporary); in a
-    narrower dtype the product's cascaded sum, which rounds less than a narrow ``dot``."""
-    return torch.dot(a, b) if a.dtype == torch.float64 else (a * b).sum()
+    """This rank's part of ⟨a, b⟩, float64: BLAS ``dot`` in float64 (one pass, no temporary);
+    in a narrower dtype the product's cascaded sum, which rounds less than a narrow ``dot``
+    (whose error grows with n: 50 ε of ⟨q, Hq⟩ at n = 2.1 M when q is near an eigenvector)."""
+    return torch.dot(a, b) if a.dtype == torch.float64 else (a * b).sum().to(torch.float64)
 
 
-def _dot(shard: CoordinateShard, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """⟨a, b⟩ over all coordinates (one allreduced number)."""
-    return shard.allreduce(_local_dot(a, b).reshape(1))[0]
+def _local_norm2(a: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ‖a‖², float64, in one read of ``a`` and no n-sized temporary: BLAS
+    ``dot`` in float64; in a narrower dtype the norms of blocks of :data:`_BLOCK` coordinates
+    (short enough to round at ε), their squares summed in float64."""
+    if a.dtype == torch.float64:
+        return torch.dot(a, a)
+    head = a.numel() - a.numel() % _BLOCK
+    blocks = torch.linalg.vector_norm(a[:head].view(-1, _BLOCK), dim=1).to(torch.float64)
+    tail = a[head:].to(torch.float64)
+    return torch.dot(blocks, blocks) + torch.dot(tail, tail)
+
+
+def _norm(shard: CoordinateShard, a: torch.Tensor) -> torch.Tensor:
+    """‖a‖ over all coordinates (float64; one allreduced number)."""
+    return shard.allreduce(_local_norm2(a).reshape(1))[0].sqrt()
 
 
 def _start_vector(shard: CoordinateShard, seed: int) -> torch.Tensor:
@@ -128,10 +145,10 @@ def warm_start_vector(shard: CoordinateShard, previous: torch.Tensor, seed: int)
     """This rank's slice of the unit vector along the normalized sum of the rows of
     ``previous`` (the last ESE's Ritz vectors, ``(K, n_r)``) plus :data:`WARM_NOISE` times the
     seeded random start vector, so that no direction is deficient."""
-    total = previous.to(torch.float64).sum(dim=0)
-    total = total / _dot(shard, total, total).sqrt()
+    total = previous.sum(dim=0).to(torch.float64)  # summed in V's dtype: one n-vector cast
+    total = total / _norm(shard, total)
     q = total + WARM_NOISE * _start_vector(shard, seed)
-    return q / _dot(shard, q, q).sqrt()
+    return q / _norm(shard, q)
 
 
 def tridiagonal_eigh(
@@ -228,11 +245,11 @@ class _OrthogonalityEstimate:
 def _reorthogonalize(shard: CoordinateShard, basis: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``w`` made orthogonal to the rows of ``basis`` (in place; classical Gram-Schmidt,
     repeated once when the pass removed much: DGKS); returns its new norm."""
-    norm = _dot(shard, w, w).sqrt()
+    norm = _norm(shard, w)
     for _ in range(2):
         coeffs = shard.allreduce(basis @ w)
         w -= coeffs @ basis
-        beta = _dot(shard, w, w).sqrt()
+        beta = _norm(shard, w)
         if beta > _DGKS * norm:  # Daniel-Gragg-Kaufman-Stewart: orthogonal to rounding
             break
         norm = beta
@@ -293,8 +310,7 @@ def lanczos_extremes(
         w = hvp(q)
         if w.data_ptr() == q.data_ptr():  # an operator may hand back its input
             w = w.clone()
-        sums = shard.allreduce(torch.stack([_local_dot(w, q), _local_dot(w, w)]))  # ⟨Hq,q⟩, |Hq|²
-        sums = sums.to(torch.float64)
+        sums = shard.allreduce(torch.stack([_local_dot(w, q), _local_norm2(w)]))  # ⟨Hq,q⟩, |Hq|²
         alphas[j] = sums[0]
         length = sums[1].sqrt().item()
         if not (alphas[j].isfinite().item() and math.isfinite(length)):
@@ -309,7 +325,7 @@ def lanczos_extremes(
             beta = _reorthogonalize(shard, basis[: j + 1], w)
             passes += 1
         else:  # ... or only where the estimates say the basis is losing orthogonality
-            beta = _dot(shard, w, w).sqrt()
+            beta = _norm(shard, w)
             lost = beta.item() > 0 and (
                 estimate.advance(j, alphas, betas, beta.item(), scale) > math.sqrt(rounding)
             )
