@@ -25,7 +25,7 @@ every="tests/comm/test_collectives_mpi.py tests/runtime/test_mpi_allreduce.py te
   tests/optim/test_branch_graph.py tests/optim/test_distributed_equivalence.py
   tests/optim/fosi/test_distributed.py tests/optim/fosi/test_pipeline_nowait.py
   tests/optim/fosi/test_lanczos_partial.py tests/train/test_fosi_sharded_job.py
-  tests/train/test_fosi_nowait_job.py
+  tests/train/test_fosi_nowait_job.py tests/train/test_curvature_orders.py
   tests/checkpoint/test_reshard.py"
 tests="${*:-$every}"
 python=".venv/bin/python"
