@@ -86,7 +86,8 @@ FOSI += ["--ese-every", "100", "--fosi-alpha", "0.01"]
 # wide enough that no method's choice sits at an edge (SGD chose 0.4, the old top, on the
 # autoencoder; 0.8 and 1.6 reach the target in fewer steps, and 3.2 is past its stability limit)
 LRS_SGD = (0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
-LRS_ADAM = (0.001, 0.003, 0.01, 0.03, 0.1)
+# Adam's to 0.3: logistic regression chose 0.1, the old top
+LRS_ADAM = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3)
 # method: (flags, grid or the method whose setting it takes, its base method, smallest P)
 METHODS: dict[str, tuple[list[str], tuple[Setting, ...] | str, str | None, int]] = {
     "sgd": (["--no-kfac"], grid(lr=LRS_SGD, momentum=(0.9,)), None, 1),
