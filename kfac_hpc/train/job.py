@@ -360,9 +360,13 @@ class Job:
 
     # ----------------------------------------------------------------- checkpoints
     def save(self, step: int) -> None:
+        """Checkpoint the training state at ``step`` (collective, curvature ranks included):
+        BatchNorm statistics are averaged over the training ranks first, then
+        ``synchronize`` gives every rank the training model."""
+        if not self.method.is_curvature_rank:
+            average_buffers(self.model, self.trainers, self.method.training_group)
         self.method.synchronize()
         self._check_finite_parameters(step)
-        average_buffers(self.model, self.world_size)
         epoch, index = divmod(step, self.steps_per_epoch)
         state = capture_training_state(
             step=step,

@@ -157,3 +157,37 @@ def test_a_preemption_signal_stops_every_rank_with_a_checkpoint_and_the_run_resu
     assert summary["state"] == "done" and summary["restarts"] == 1 and summary["steps"] == 80
     assert summary["attempts"][1]["start_step"] == stop
     assert validate_run_dir(run) == []
+
+
+def test_a_checkpoint_with_a_curvature_rank_holds_the_training_ranks_mean_batchnorm(tmp_path):
+    """resnet20 (BatchNorm) on digits at a learning rate of 1e-12 (the parameters stay put),
+    no ESE and no evaluation before step 4's checkpoint: its BatchNorm statistics are the mean
+    of the two training ranks' own (each from its share of batches 0-3), replayed here on one
+    process; training rank 0's own statistics alone differ from it."""
+    run = tmp_path / "run"
+    args = [*FOSI, "--fosi-warmup", "20", "--steps", "4", "--checkpoint-every", "4"]
+    args += ["--model", "resnet20", "--lr", "1e-12"]
+    proc = run_ranks(3, run, *args)
+    assert proc.returncode == 0, explain(proc)
+    assert read_json(run / "run.json")["curvature_ranks"] == 1
+    saved = _model(_checkpoint(run, 4))
+    config = load_config(None, {"dataset": "digits", "model": "resnet20"})
+    data = load_data(config)
+    ranks = []
+    for rank in (0, 1):
+        model = build_model(config, data.shape, data.num_classes, rank, 3)
+        model.load_state_dict(saved)
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.reset_running_stats()
+        batches = ShardedBatches(data, 66, rank, 3, config.seed, augment=config.augment)
+        with torch.no_grad():
+            for index in range(4):
+                model(batches.batch(0, index)[0])
+        ranks.append(model.state_dict())
+    keys = [key for key in saved if key.endswith(("running_mean", "running_var"))]
+    assert keys
+    for key in keys:
+        mean = (ranks[0][key] + ranks[1][key]) / 2
+        assert torch.allclose(saved[key], mean, rtol=1e-4, atol=1e-6), key
+    assert any(not torch.allclose(ranks[0][key], ranks[1][key], atol=1e-3) for key in keys)
