@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from kfac_hpc.contracts.records import HostMemory
 
-__all__ = ["allocator_owner", "keep_freed_host_memory"]
+__all__ = ["allocator_owner", "huge_pages_enabled", "keep_freed_host_memory"]
 
 # mallopt parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -29,6 +29,9 @@ _MMAP_THRESHOLD_BYTES = 32 << 20
 _NEVER_TRIM = 2**31 - 1  # mallopt takes an int: the largest
 _ENVIRONMENT = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 _ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
+# torch's CPU allocator asks for transparent huge pages for allocations of 2 MiB or more when
+# this is "1" in the environment it started with (read once, at its first allocation)
+_HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"
 
 
 def allocator_owner(environ: Mapping[str, str] = os.environ) -> HostMemory | None:
@@ -62,3 +65,10 @@ def keep_freed_host_memory(environ: Mapping[str, str] = os.environ) -> HostMemor
     trimmed = mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM)
     kept = mapped == 1 and trimmed == 1
     return HostMemory.KEPT if kept else HostMemory.UNSUPPORTED
+
+
+def huge_pages_enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether torch's large CPU allocations use transparent huge pages in a process started
+    with ``environ`` (``THP_MEM_ALLOC_ENABLE=1``; off by default, docs/train.md "Host
+    memory"): what run.json records as ``huge_pages``."""
+    return environ.get(_HUGE_PAGES, "").strip() == "1"

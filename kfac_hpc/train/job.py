@@ -50,6 +50,7 @@ from kfac_hpc.checkpoint import (
 from kfac_hpc.contracts import OPTIONS, PHASES, HostMemory, RunDir
 from kfac_hpc.contracts.targets import HIGHER_IS_BETTER
 from kfac_hpc.runtime import DistributedContext
+from kfac_hpc.runtime.host_memory import huge_pages_enabled
 from kfac_hpc.train.attempt import average_buffers, broadcast_parameters, parameters_finite
 from kfac_hpc.train.batchnorm import recomputed_batchnorm
 from kfac_hpc.train.config import ConfigError, TrainConfig
@@ -542,6 +543,7 @@ class Job:
         return {
             **facts,
             **self.threads,
+            "huge_pages": huge_pages_enabled(),
             "data_workers": self.data_workers,
             "metric": metric,
             "higher_is_better": HIGHER_IS_BETTER[metric],

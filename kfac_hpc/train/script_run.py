@@ -60,6 +60,7 @@ from kfac_hpc.contracts.targets import HIGHER_IS_BETTER
 from kfac_hpc.optim import KFACPreconditioner
 from kfac_hpc.optim.fosi import FOSI
 from kfac_hpc.runtime import DistributedContext, init_distributed, shutdown
+from kfac_hpc.runtime.host_memory import huge_pages_enabled
 from kfac_hpc.train.attempt import (
     average_buffers,
     begin_attempt,
@@ -542,6 +543,7 @@ class Run:
             "grad_worker_fraction": tracked.grad_worker_fraction if tracked else 1.0,
             "host_memory": str(HostMemory.DEFAULT),
             **self.threads,
+            "huge_pages": huge_pages_enabled(),
             "model_args": {},
             "dataset_args": {},
             "metric": self.metric,
