@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from kfac_hpc.runtime.host_memory import keep_freed_host_memory
+from kfac_hpc.runtime.host_memory import huge_pages_enabled, keep_freed_host_memory
 
 # Tensors of 16, 15 and 14 MiB (every page written), each freed before the next: the page
 # faults of each, after the state keep_freed_host_memory() reported ("default" without it).
 PROBE = """
 import json, resource, sys
 import torch
-from kfac_hpc.runtime.host_memory import keep_freed_host_memory
+from kfac_hpc.runtime.host_memory import huge_pages_enabled, keep_freed_host_memory
 state = keep_freed_host_memory() if sys.argv[1] == "keep" else "default"
 faults = []
 for mib in (16, 15, 14):
@@ -82,3 +82,11 @@ def test_tunables_of_other_parts_of_glibc_do_not_count_as_allocator_settings() -
 def test_a_users_allocator_settings_are_left_alone(env: dict[str, str]) -> None:
     """Returned before any mallopt call, so this process is not changed."""
     assert keep_freed_host_memory(env) == "environment"
+
+
+@pytest.mark.parametrize(
+    ("env", "enabled"),
+    [({}, False), ({"THP_MEM_ALLOC_ENABLE": "1"}, True), ({"THP_MEM_ALLOC_ENABLE": "0"}, False)],
+)
+def test_huge_pages_are_what_torchs_variable_says(env: dict[str, str], enabled: bool) -> None:
+    assert huge_pages_enabled(env) is enabled
