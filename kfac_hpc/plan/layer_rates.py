@@ -140,7 +140,7 @@ def optimizer_tensor_s(device: torch.device) -> float:
     return max(0.0, (many - one) / (_TENSORS - 1))
 
 
-_HOOK_LAYERS, _HOOK_WIDTH, _HOOK_BATCH, _HOOK_ROUNDS = 8, 16, 16, 200
+_HOOK_LAYERS, _HOOK_WIDTH, _HOOK_BATCH, _HOOK_ROUNDS = 8, 16, 16, 100
 
 
 def kfac_forward_layer_s(device: torch.device) -> float:
@@ -156,7 +156,9 @@ def kfac_forward_layer_s(device: torch.device) -> float:
         return nn.Sequential(*layers).to(device)
 
     plain, hooked = chain(), chain()
-    preconditioner = KFACPreconditioner(hooked, factor_update_steps=1, inv_update_steps=1)
+    preconditioner = KFACPreconditioner(
+        hooked, factor_update_steps=1, inv_update_steps=_HOOK_ROUNDS + 2
+    )  # factors every step (the hook captures), one inverse
     x = torch.randn(_HOOK_BATCH, _HOOK_WIDTH, device=device)
     times: dict[int, list[float]] = {0: [], 1: []}
     for round_ in range(_HOOK_ROUNDS + 2):
