@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,7 +49,7 @@ from kfac_hpc.plan.layer_rates import (
     optimizer_tensor_s,
 )
 from kfac_hpc.plan.layers import INPUTS, build_network
-from kfac_hpc.plan.overhead import JobOverhead, measure_job_overhead
+from kfac_hpc.plan.overhead import JobOverhead, measure_job_overhead, one_process_env
 from kfac_hpc.plan.pass_timing import time_in_pass
 from kfac_hpc.plan.placement import price_s
 from kfac_hpc.plan.profiles import NetworkProfile
@@ -116,6 +118,25 @@ def _pair_link(pair: tuple[int, int], device: torch.device) -> AlphaBeta | None:
     return AlphaBeta(fit.alpha_s, (beyond if beyond > 0 else seconds) / largest)
 
 
+def _hook_cost(device: torch.device) -> float:
+    """``kfac_forward_layer_s`` measured in a fresh process of one thread: the preconditioner
+    it registers builds process groups (collective over the launch's ranks) when one is
+    initialized, and only rank 0 measures."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return kfac_forward_layer_s(device)
+    code = (
+        "import torch; from kfac_hpc.plan.layer_rates import kfac_forward_layer_s; "
+        f"torch.set_num_threads(1); print(kfac_forward_layer_s(torch.device({str(device)!r})))"
+    )
+    env = {**one_process_env(os.environ), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"timing K-FAC's forward hook failed: {out.stderr.strip()[-500:]}")
+    return float(out.stdout.split()[-1])
+
+
 def _device_rates(
     device: torch.device, sizes: Sequence[int], model: str | None = None, dataset: str = ""
 ) -> dict[str, object]:
@@ -134,7 +155,7 @@ def _device_rates(
     copy = 2 * _COPY_BYTES / _timed(lambda: dst.copy_(src), device, 5)
     curves = {f"{kind}_curve": layer_curve(kind, device) for kind in ("conv", "linear")}
     optimizer = optimizer_tensor_s(device)
-    hook = kfac_forward_layer_s(device)
+    hook = _hook_cost(device)
     extra, timings = [], []
     if model is not None:
         net = build_network(model, dataset)
