@@ -48,8 +48,7 @@ PYTHON = [sys.executable, "-m", "kfac_hpc"]
 def calibrate(out: Path) -> None:
     """The profile: srun on 2 nodes of 2 ranks, gloo; eigendecompositions up to the small
     CNN's largest factor (513), the job's overhead on its dataset."""
-    # up to 30 min: on a loaded host rank 0's device timings alone took over 10
-    argv = [*SRUN[:-1], "30", "-N", "2", "--ntasks-per-node", "2", *PYTHON, "plan", "calibrate"]
+    argv = [*SRUN, "-N", "2", "--ntasks-per-node", "2", *PYTHON, "plan", "calibrate"]
     argv += ["--out", str(out), "--backend", "gloo", "--eigh-sizes", "32,64,128,256,512"]
     argv += ["--dataset", DATASET, "--model", MODEL]
     _run(argv)

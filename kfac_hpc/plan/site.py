@@ -65,9 +65,6 @@ _COPY_BYTES = 64 * 2**20
 _CONCURRENCY_ROUNDS, _CONCURRENCY_REPS = 10, 10
 OVERHEAD_BATCH = 64  # the batch of the 1-rank run that measures the job's own overhead
 MODEL_BATCHES = (16, 64)  # the batches a planned model's own modules are timed at
-# the other ranks wait at a barrier while rank 0 alone times its device (minutes on a
-# loaded host: its layers, modules, and a model's passes)
-_BARRIER_S = 1800.0
 
 
 def _sync(device: torch.device) -> None:
@@ -401,7 +398,7 @@ def calibrate_site(
     (``dataset``: the input pipeline the job's overhead is measured on; ``model``: a model
     whose own modules, on ``dataset``'s input, the module fits include).
     RuntimeError when the launch has neither 2 ranks on a node nor 2 nodes."""
-    ctx = init_distributed(backend, timeout_s=_BARRIER_S)
+    ctx = init_distributed(backend)
     world, nodes = ctx.world_size, ctx.launch.num_nodes
     per_node = world // nodes
     if per_node < 2 and nodes < 2:
