@@ -15,7 +15,9 @@ predicted / measured, median (min-max) over rounds. Target (issue 29): every pha
 times the small CNN's own modules too (``--model``), and each run is predicted twice from the
 same profile and measurements: with its module fits (``[machine.modules]``: forward and
 backward priced by every module's kind and shape) and without them ("rates": the layer curves
-by FLOPs plus activation traffic, the model before the fits), side by side.
+by FLOPs plus activation traffic, the model before the fits), side by side; and a third
+time as before the modules were timed in the model's own passes ("before": the fits of the
+modules timed alone, which calibrate keeps as comments, and no K-FAC forward-hook cost).
 
 Writes benchmarks/results/bench_plan_site.json.
 """
@@ -63,6 +65,26 @@ def without_module_fits(site: Path, out: Path) -> None:
     out.write_text("\n".join(kept) + "\n")
 
 
+def before_change(site: Path, out: Path) -> None:
+    """``site`` as the model priced it before in-pass module timing and the K-FAC forward
+    hook's cost: ``[machine.modules]`` from the modules timed alone (the ``# alone:`` rows
+    calibrate writes when it keeps the in-pass fits) and no ``kfac_forward_layer_s``."""
+    lines = site.read_text().splitlines()
+    alone = [line[len("# alone: ") :] for line in lines if line.startswith("# alone: ")]
+    kept, section = [], ""
+    for line in lines:
+        if line.startswith("["):
+            section = line.strip()
+        if line.startswith("kfac_forward_layer_s"):
+            continue
+        if alone and section == "[machine.modules]" and line.strip() and line[0] != "[":
+            continue
+        kept.append(line)
+        if alone and line.strip() == "[machine.modules]":
+            kept += alone
+    out.write_text("\n".join(kept) + "\n")
+
+
 def train(run_dir: Path, nodes: int, method: str, steps: int) -> None:
     """One real run, one rank a node."""
     argv = [*SRUN, "-N", str(nodes), "--ntasks-per-node", "1", *PYTHON, "train"]
@@ -96,13 +118,19 @@ def main() -> int:
         planned = build_cost_model(MODEL, DATASET, str(site))
         without_module_fits(site, root / "rates.toml")
         rated = build_cost_model(MODEL, DATASET, str(root / "rates.toml"))
+        before_change(site, root / "before.toml")
+        before = build_cost_model(MODEL, DATASET, str(root / "before.toml"))
         print(f"profile: {planned.source}", flush=True)
         measured_keys = ("slowdown_curve", "sync", "step_overhead_s", "data_s_per_sample")
         profile_lines = site.read_text().splitlines()
         section = ""
         for line in profile_lines:
             section = line if line.startswith("[") else section
-            if line.startswith(measured_keys) or section == "[machine.modules]":
+            if (
+                line.startswith(measured_keys)
+                or section == "[machine.modules]"
+                or (line.startswith(("# points", "# batch", "kfac_forward")))
+            ):
                 print(f"  {line}", flush=True)
 
         def point(nodes: int, method: str) -> Any:
@@ -111,8 +139,10 @@ def main() -> int:
                 train(run_dir, nodes, method, args.steps)
                 fits = predicted_vs_measured(planned, run_dir)
                 rates = predicted_vs_measured(rated, run_dir)
+                old = predicted_vs_measured(before, run_dir)
                 for phase, row in fits.items():
                     row["rates_predicted_s"] = rates[phase]["predicted_s"]
+                    row["before_predicted_s"] = old[phase]["predicted_s"]
                 return fits
 
             return run
@@ -121,13 +151,14 @@ def main() -> int:
         measured = harness.interleave(variants, args.rounds)
     results: dict[str, Any] = {"profile": planned.source, "points": {}}
     results["profile_text"] = profile_lines
-    met = {"fits": 0, "rates": 0}
-    step_met = {"fits": 0, "rates": 0}
+    met = {"fits": 0, "rates": 0, "before": 0}
+    step_met = {"fits": 0, "rates": 0, "before": 0}
     total = 0
     for key, rounds in measured.items():
         print(
             f"\n{key}: phase, predicted ms, measured ms median (min-max), ratio median (min-max)"
-            ", then without the module fits: predicted ms, ratio median"
+            ", then before in-pass timing (modules alone, no K-FAC forward hook) and without"
+            " the module fits: predicted ms, ratio median"
         )
         phases: dict[str, Any] = {}
         for phase in rounds[0]:
@@ -135,6 +166,7 @@ def main() -> int:
             predicted = {
                 "fits": rounds[0][phase]["predicted_s"],
                 "rates": rounds[0][phase]["rates_predicted_s"],
+                "before": rounds[0][phase]["before_predicted_s"],
             }
             if max(*predicted.values(), *seen) < 1e-6:
                 continue  # a phase this method has not
@@ -153,6 +185,7 @@ def main() -> int:
             ms = harness.Stats.of(seen).scaled(1e3)
             print(
                 f"  {phase:<16} {predicted['fits'] * 1e3:9.2f} {ms:.2f}  {marks['fits']:<24}"
+                f"| {predicted['before'] * 1e3:9.2f}  {marks['before']:<24}"
                 f"| {predicted['rates'] * 1e3:9.2f}  {marks['rates']}"
             )
         results["points"][key] = phases
@@ -164,6 +197,13 @@ def main() -> int:
         note="small CNN, 2 and 4 Slurm nodes, SGD and COMM-OPT; module fits",
     )
     bench.target("... of which the step (runs)", step_met["fits"], len(measured), ">=")
+    bench.target(
+        "the same before in-pass timing (modules alone, no K-FAC forward hook), points",
+        met["before"],
+        total,
+        ">=",
+    )
+    bench.target("... of which the step (runs)", step_met["before"], len(measured), ">=")
     bench.target(
         "the same without the module fits (layer curves by FLOPs), points",
         met["rates"],

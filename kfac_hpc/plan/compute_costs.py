@@ -59,7 +59,7 @@ class RatedCompute:
         profile's measured curve of its kind, else its FLOPs at the GEMM rate (backward =
         2 × forward), plus the elementwise layers' traffic. With ``kfac``, each layer's factor
         update from its curve in the backward (the hooks compute the factors there; not
-        rated without a curve)."""
+        rated without a curve) and its forward hook's measured cost in the forward."""
         m = self.machine
         if m.modules and self.shape.modules:
             forward = backward = 0.0
@@ -74,6 +74,7 @@ class RatedCompute:
                 f, b = self._layer_s(layer_kind(layer), batch * layer.forward_flops)
                 forward, backward = forward + f, backward + b
         if kfac:
+            forward += len(self.shape.layers) * m.kfac_forward_layer_s
             for layer in self.shape.layers:
                 measured = m.layer_s(layer_kind(layer), batch * layer.forward_flops)
                 backward += measured[2] if measured else 0.0

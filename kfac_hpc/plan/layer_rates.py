@@ -10,9 +10,11 @@ below a large GEMM's rate (launch and dispatch costs, short loops), which one GE
 cannot say. And every kind of module a profile prices by its own shape
 (module_fits.py): modules of each kind at shapes chosen to vary the call count, the FLOPs and
 the elements apart (thin first-layer convolutions among them), each timed in its forward and
-its backward, for ``plan calibrate`` to fit. Also the job's optimizer update per parameter
+its backward, for ``plan calibrate`` to fit (with a planned model, also its modules timed in
+its own passes: pass_timing.py). Also the job's optimizer update per parameter
 tensor (``optimizer_tensor_s``): on a CPU its update loops over the tensors, and a small
-model's update is mostly that loop.
+model's update is mostly that loop. And what the K-FAC preconditioner's forward hook adds to
+a forward per layer (``kfac_forward_layer_s``).
 """
 
 from __future__ import annotations
@@ -22,14 +24,17 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 from torch import nn
 
 from kfac_hpc.optim.layers import make_layer
+from kfac_hpc.optim.preconditioner import KFACPreconditioner
 from kfac_hpc.plan.layers import module_kind, weight_flops
 from kfac_hpc.plan.module_fits import MODULE_KINDS, ModuleFit, ModulePoint, fit_module
+from kfac_hpc.plan.pass_timing import PassTiming, pass_error, points_by_kind
 from kfac_hpc.train.config import TrainConfig
 from kfac_hpc.train.optimizers import make_optimizer
 
@@ -37,6 +42,8 @@ __all__ = [
     "CONV_CHANNELS",
     "LINEAR_WIDTHS",
     "MODULE_SAMPLES",
+    "ModuleFits",
+    "kfac_forward_layer_s",
     "layer_curve",
     "model_samples",
     "module_fits",
@@ -131,6 +138,42 @@ def optimizer_tensor_s(device: torch.device) -> float:
     many = _update_s([(_TENSOR_ELEMENTS,)] * _TENSORS, device)
     one = _update_s([(_TENSORS * _TENSOR_ELEMENTS,)], device)
     return max(0.0, (many - one) / (_TENSORS - 1))
+
+
+_HOOK_LAYERS, _HOOK_WIDTH, _HOOK_BATCH, _HOOK_ROUNDS = 8, 16, 16, 100
+
+
+def kfac_forward_layer_s(device: torch.device) -> float:
+    """Seconds the K-FAC preconditioner's forward hook adds per layer to a forward on a
+    factor step (it keeps the layer's input and registers a hook on its output: Python work a
+    layer, whatever its size): a chain of small linear layers' forward with the
+    preconditioner registered minus without it (medians over interleaved passes, each
+    followed by its backward and step), over the layers (>= 0)."""
+
+    def chain() -> nn.Module:
+        torch.manual_seed(0)
+        layers = [nn.Linear(_HOOK_WIDTH, _HOOK_WIDTH) for _ in range(_HOOK_LAYERS)]
+        return nn.Sequential(*layers).to(device)
+
+    plain, hooked = chain(), chain()
+    preconditioner = KFACPreconditioner(
+        hooked, factor_update_steps=1, inv_update_steps=_HOOK_ROUNDS + 2
+    )  # factors every step (the hook captures), one inverse
+    x = torch.randn(_HOOK_BATCH, _HOOK_WIDTH, device=device)
+    times: dict[int, list[float]] = {0: [], 1: []}
+    for round_ in range(_HOOK_ROUNDS + 2):
+        for index, net in enumerate((plain, hooked)):
+            _sync(device)
+            start = time.perf_counter()
+            out = net(x)
+            _sync(device)
+            if round_ >= 2:  # the first passes warm up
+                times[index].append(time.perf_counter() - start)
+            out.sum().backward()
+            if index:
+                preconditioner.step()  # ends the factor step (untimed)
+    added = statistics.median(times[1]) - statistics.median(times[0])
+    return max(0.0, added / _HOOK_LAYERS)
 
 
 Sample = tuple[Callable[[], nn.Module], tuple[int, ...]]  # a module's factory, its input shape
@@ -254,13 +297,64 @@ def model_samples(
     return [(module_kind(m), (partial(_copy_of, m), (b, *s))) for b in batches for m, s in found]
 
 
+@dataclass(frozen=True)
+class ModuleFits:
+    """The kind fits a profile gets (``fits``), which points made them (``source``: ``alone``,
+    each module timed by itself in a tight loop; ``in-pass``, the model's modules timed in its
+    own passes, the kinds it lacks from the alone points), each source's error on the model's
+    whole passes (:func:`~kfac_hpc.plan.pass_timing.pass_error`), the passes timed, and the
+    other source's fits (for comparison)."""
+
+    fits: dict[str, ModuleFit]
+    source: str
+    errors: dict[str, float]
+    timings: tuple[PassTiming, ...] = ()
+    other: dict[str, ModuleFit] = field(default_factory=dict)  # the source not kept
+
+    def notes(self) -> list[str]:
+        """Comment lines for a profile: the source kept, each source's error, and per batch
+        the whole pass without and with hooks and the modules' sum (ms, forward/backward)."""
+        if not self.errors:
+            return ["# points: each module alone in a tight loop"]
+        scores = ", ".join(f"{name} {error:.3f}" for name, error in self.errors.items())
+        lines = [
+            f"# points: {self.source} (mean |log(priced / measured)| of the model's whole passes:"
+            f" {scores})"
+        ]
+        for t in self.timings:
+            ms = [f"{a * 1e3:.3g}/{b * 1e3:.3g}" for a, b in (t.plain, t.hooked, t.modules)]
+            lines.append(
+                f"# batch {t.batch}: pass {ms[0]} ms without hooks, {ms[1]} with, modules {ms[2]}"
+            )
+        name = next(n for n in self.errors if n != self.source)
+        for kind, fit in self.other.items():
+            row = ", ".join(f"{v:.6g}" for v in fit.row())
+            lines.append(f"# {name}: {kind} = [{row}]")
+        return lines
+
+
 def module_fits(
-    device: torch.device, extra: Sequence[tuple[str, Sample]] = ()
-) -> dict[str, ModuleFit]:
+    device: torch.device,
+    extra: Sequence[tuple[str, Sample]] = (),
+    timings: Sequence[PassTiming] = (),
+) -> ModuleFits:
     """Every kind of MODULE_KINDS fitted to its points of MODULE_SAMPLES and of ``extra``
-    (``(kind, sample)``: a planned model's own modules) measured on ``device``."""
-    fits = {}
+    (``(kind, sample)``: a planned model's own modules) measured alone on ``device``; with
+    ``timings`` (the model's passes, :func:`~kfac_hpc.plan.pass_timing.time_in_pass`) also
+    fitted to the in-pass points, and the source that prices the whole passes closer kept."""
+    alone = {}
     for kind in MODULE_KINDS:
         own = [sample for k, sample in extra if k == kind]
-        fits[kind] = fit_module(module_points([*MODULE_SAMPLES[kind], *own], device))
-    return fits
+        alone[kind] = fit_module(module_points([*MODULE_SAMPLES[kind], *own], device))
+    if not timings:
+        return ModuleFits(alone, "alone", {})
+    in_pass_points = points_by_kind(timings)
+    in_pass = {
+        kind: fit_module(in_pass_points[kind]) if kind in in_pass_points else alone[kind]
+        for kind in MODULE_KINDS
+    }
+    candidates = {"alone": alone, "in-pass": in_pass}
+    errors = {name: pass_error(fits, timings) for name, fits in candidates.items()}
+    source = min(errors, key=lambda name: errors[name])
+    other = candidates["in-pass" if source == "alone" else "alone"]
+    return ModuleFits(candidates[source], source, errors, tuple(timings), other)

@@ -23,7 +23,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MAX_BATCH", "JobOverhead", "measure_job_overhead", "overhead_dataset"]
+__all__ = [
+    "MAX_BATCH",
+    "JobOverhead",
+    "measure_job_overhead",
+    "one_process_env",
+    "overhead_dataset",
+]
 
 _STEPS, _LOG_EVERY = 60, 10
 MAX_BATCH = 256  # the data phase is measured per sample: a larger batch only takes longer
@@ -54,7 +60,7 @@ _LAUNCH_NAMES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER
 _LAUNCH_NAMES |= {"MASTER_PORT", "KFAC_HPC_EMULATED_NODES"}
 
 
-def _one_process_env(env: Mapping[str, str]) -> dict[str, str]:
+def one_process_env(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` without a launcher's variables."""
     launch = (k for k in env if k in _LAUNCH_NAMES or k.startswith(_LAUNCH_PREFIXES))
     dropped = set(launch)
@@ -74,7 +80,7 @@ def measure_job_overhead(dataset: str, batch: int) -> JobOverhead:
         argv += ["--no-progress", "--checkpoint-every", str(10 * _STEPS)]
         if measured != "digits":
             argv += ["--num-samples", str(max(batch * 4, 256))]
-        env = {**_one_process_env(os.environ), "OMP_NUM_THREADS": "1"}
+        env = {**one_process_env(os.environ), "OMP_NUM_THREADS": "1"}
         try:
             out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=_TIMEOUT_S)
         except subprocess.TimeoutExpired:

@@ -11,7 +11,8 @@ CPUs: the same code). It measures:
 - on rank 0's device: one eigendecomposition (``torch.linalg.eigh``, the preconditioner's) at
   each size of ``eigh_sizes`` (median of 3), the sustained GEMM rate (square FP32 products),
   the elementwise rate (a copy), real layers' curves and the module kinds' fits
-  (layer_rates.py; with ``model``, fitted over that model's own modules too);
+  (layer_rates.py; with ``model``, fitted over that model's own modules too, timed alone and
+  inside its own passes, pass_timing.py: the points that price its whole passes closer kept);
 - over the launch's ranks: the compute slowdown when one rank a node and every rank compute
   at once, and the wait of a collective after compute (calibrate.py's sync rounds) over
   those sets; on rank 0, the job's own overhead (overhead.py's 1-rank run on ``dataset``);
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,9 +41,16 @@ from torch import nn
 from kfac_hpc.contracts.atomic import write_bytes_atomic
 from kfac_hpc.plan.alphabeta import AlphaBeta, fit_alpha_beta
 from kfac_hpc.plan.calibrate import SYNC_BYTES, fit_wait, gemm_s, sync_reps, sync_rounds
-from kfac_hpc.plan.layer_rates import layer_curve, model_samples, module_fits, optimizer_tensor_s
+from kfac_hpc.plan.layer_rates import (
+    kfac_forward_layer_s,
+    layer_curve,
+    model_samples,
+    module_fits,
+    optimizer_tensor_s,
+)
 from kfac_hpc.plan.layers import INPUTS, build_network
-from kfac_hpc.plan.overhead import JobOverhead, measure_job_overhead
+from kfac_hpc.plan.overhead import JobOverhead, measure_job_overhead, one_process_env
+from kfac_hpc.plan.pass_timing import time_in_pass
 from kfac_hpc.plan.placement import price_s
 from kfac_hpc.plan.profiles import NetworkProfile
 from kfac_hpc.runtime.process_group import init_distributed
@@ -105,6 +115,25 @@ def _pair_link(pair: tuple[int, int], device: torch.device) -> AlphaBeta | None:
     return AlphaBeta(fit.alpha_s, (beyond if beyond > 0 else seconds) / largest)
 
 
+def _hook_cost(device: torch.device) -> float:
+    """``kfac_forward_layer_s`` measured in a fresh process of one thread: the preconditioner
+    it registers builds process groups (collective over the launch's ranks) when one is
+    initialized, and only rank 0 measures."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return kfac_forward_layer_s(device)
+    code = (
+        "import torch; from kfac_hpc.plan.layer_rates import kfac_forward_layer_s; "
+        f"torch.set_num_threads(1); print(kfac_forward_layer_s(torch.device({str(device)!r})))"
+    )
+    env = {**one_process_env(os.environ), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"timing K-FAC's forward hook failed: {out.stderr.strip()[-500:]}")
+    return float(out.stdout.split()[-1])
+
+
 def _device_rates(
     device: torch.device, sizes: Sequence[int], model: str | None = None, dataset: str = ""
 ) -> dict[str, object]:
@@ -123,16 +152,22 @@ def _device_rates(
     copy = 2 * _COPY_BYTES / _timed(lambda: dst.copy_(src), device, 5)
     curves = {f"{kind}_curve": layer_curve(kind, device) for kind in ("conv", "linear")}
     optimizer = optimizer_tensor_s(device)
-    extra = []
+    hook = _hook_cost(device)
+    extra, timings = [], []
     if model is not None:
-        extra = model_samples(build_network(model, dataset), INPUTS[dataset][0], MODEL_BATCHES)
-    modules = {kind: fit.row() for kind, fit in module_fits(device, extra).items()}
+        net = build_network(model, dataset)
+        extra = model_samples(net, INPUTS[dataset][0], MODEL_BATCHES)
+        timings = time_in_pass(net, INPUTS[dataset][0], MODEL_BATCHES, device)
+    fits = module_fits(device, extra, timings)
+    modules = {kind: fit.row() for kind, fit in fits.fits.items()}
     return {
         "eigh_curve": curve,
         "gemm": gemm,
         "copy": copy,
         "optimizer": optimizer,
+        "kfac_forward_layer": hook,
         "modules": modules,
+        "module_notes": fits.notes(),
         **curves,
     }
 
@@ -287,8 +322,13 @@ def profile_text(
             if key in rates
         ),
         *([f"optimizer_tensor_s = {rates['optimizer']:.6g}"] if "optimizer" in rates else []),
+        *(
+            [f"kfac_forward_layer_s = {rates['kfac_forward_layer']:.6g}"]
+            if "kfac_forward_layer" in rates
+            else []
+        ),
         *(host.machine_lines() if host else []),
-        *_module_lines(rates.get("modules"), model),
+        *_module_lines(rates.get("modules"), model, rates.get("module_notes", [])),
         "",
         "[network]",
         f"ranks_per_node = {ranks_per_node}",
@@ -308,8 +348,9 @@ def profile_text(
     return "\n".join(lines) + "\n"
 
 
-def _module_lines(modules: object, model: str | None) -> list[str]:
-    """The ``[machine.modules]`` table of ``modules`` (kind -> 6 coefficients), if any."""
+def _module_lines(modules: object, model: str | None, notes: object) -> list[str]:
+    """The ``[machine.modules]`` table of ``modules`` (kind -> 6 coefficients), if any, after
+    the comment lines ``notes`` (which points made it)."""
     if not isinstance(modules, dict):
         return []
     over = f", {model}'s own among them" if model else ""
@@ -318,6 +359,7 @@ def _module_lines(modules: object, model: str | None) -> list[str]:
         "# module kinds priced by their own shape: seconds = per call + FLOPs * per FLOP +",
         "# elements * per element, forward then backward; fitted to real modules timed here",
         f"# (layer_rates.py{over})",
+        *(notes if isinstance(notes, list) else []),
         "[machine.modules]",
         *(f"{kind} = {_rows([row])[1:-1]}" for kind, row in modules.items()),
     ]

@@ -23,7 +23,7 @@ from kfac_hpc.plan.compute_costs import RatedCompute, layer_kind
 from kfac_hpc.plan.errors import PlanInputError
 from kfac_hpc.plan.layers import build_network, model_shape
 from kfac_hpc.plan.model import CostModel, Host, PlanConfig, bucketed_allreduce_s
-from kfac_hpc.plan.overhead import JobOverhead, _one_process_env
+from kfac_hpc.plan.overhead import JobOverhead, one_process_env
 from kfac_hpc.plan.planner import build_cost_model
 from kfac_hpc.plan.profiles import MachineProfile, NetworkProfile, load_profile
 from kfac_hpc.plan.site import SiteHost, _groups, profile_text
@@ -138,7 +138,7 @@ def test_the_concurrency_sets_are_one_rank_a_node_then_all() -> None:
 def test_the_overhead_run_inherits_no_launcher_variables() -> None:
     env = {"PATH": "/bin", "SLURM_PROCID": "1", "PMI_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4"}
     env |= {"RANK": "1", "MASTER_PORT": "1", "KFAC_HPC_EMULATED_NODES": "2", "OMP_X": "y"}
-    assert _one_process_env(env) == {"PATH": "/bin", "OMP_X": "y"}
+    assert one_process_env(env) == {"PATH": "/bin", "OMP_X": "y"}
 
 
 def test_profile_text_with_the_measured_host_round_trips(tmp_path: Path) -> None:
