@@ -2,7 +2,7 @@
 
 ``.venv/bin/python benchmarks/bench_fosi_step.py`` times ``optimizer.step()`` alone (not the
 forward or backward pass) over consecutive training steps of the digits autoencoder's shape
-(kfac_hpc.train.fosi_tasks.autoencoder: 64-128-32-8-32-128-64, tanh, 25,032 parameters; batches
+(kfac_hpc.train.fosi_tasks.autoencoder: 64-128-32-8-32-128-64, tanh, 25,480 parameters; batches
 of 64 random inputs, its own reconstruction target) for four optimizers: SGD (lr 0.01, momentum
 0.9), FOSI around it, Adam (lr 1e-3) and FOSI around it. FOSI has a spectrum installed
 (``set_spectrum``: k = 10 orthonormal random eigenvectors) and no ESE is due, so its time is
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import pstats
 import statistics
 import time
@@ -39,7 +40,7 @@ WARM = 20
 def _model() -> nn.Module:
     torch.manual_seed(0)
     layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(WIDTHS, WIDTHS[1:], strict=False)):
+    for i, (a, b) in enumerate(itertools.pairwise(WIDTHS)):
         layers.append(nn.Linear(a, b))
         if i < len(WIDTHS) - 2:
             layers.append(nn.Tanh())

@@ -490,9 +490,7 @@ class FOSI(torch.optim.Optimizer):
             )
         except NonFiniteCurvature as exc:
             loss = float("nan") if hvp.loss is None else float(hvp.loss)
-            diverged = not (
-                math.isfinite(loss) and bool(torch.isfinite(self.flat.values).all())
-            )
+            diverged = not (math.isfinite(loss) and bool(torch.isfinite(self.flat.values).all()))
             cause = (
                 "the parameters or the loss are not finite: training diverged before this ESE; "
                 "lower the learning rate, alpha or clip"
