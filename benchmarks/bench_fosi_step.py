@@ -12,14 +12,18 @@ and a backward pass, as in the training job.
 Per round (``--rounds``, default 7) every optimizer runs ``--steps`` (default 200) timed steps
 after 20 untimed ones, in turn (interleaved, so machine load hits all alike); printed: per
 optimizer the median over rounds of the mean step time, with min-max, and the FOSI / base
-ratios per round (median, min-max). ``--profile NAME`` instead prints cProfile's top entries
-for that optimizer's steps.
+ratios per round (median, min-max). ``--baseline PACKAGE`` adds, in the same rounds, FOSI-SGD
+and FOSI-Adam from another importable copy of the package (an earlier commit's ``kfac_hpc``
+under another name, its own imports renamed), printed as ``old-fosi-sgd`` and
+``old-fosi-adam``, with their ratios to the new ones. ``--profile NAME`` instead prints
+cProfile's top entries for that optimizer's steps.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib
 import itertools
 import pstats
 import statistics
@@ -47,8 +51,8 @@ def _model() -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def _fosi(model: nn.Module, base: torch.optim.Optimizer) -> FOSI:
-    opt = FOSI(model.parameters(), base, k=K, alpha=0.01, warmup=10**9, model=model)
+def _fosi(model: nn.Module, base: torch.optim.Optimizer, fosi: type = FOSI) -> FOSI:
+    opt = fosi(model.parameters(), base, k=K, alpha=0.01, warmup=10**9, model=model)
     gen = torch.Generator().manual_seed(1)
     q, _ = torch.linalg.qr(torch.randn(opt.n, K, generator=gen, dtype=torch.float64))
     opt.set_spectrum(torch.linspace(10.0, 1.0, K, dtype=torch.float64), q.T.contiguous())
@@ -62,6 +66,15 @@ BUILDERS: dict[str, Callable[[nn.Module], torch.optim.Optimizer]] = {
     "fosi-adam": lambda m: _fosi(m, torch.optim.Adam(m.parameters(), lr=1e-3)),
 }
 PAIRS = (("fosi-sgd", "sgd"), ("fosi-adam", "adam"))
+
+
+def _add_baseline(package: str) -> None:
+    """FOSI-SGD and FOSI-Adam from ``package`` (a renamed copy of kfac_hpc) as ``old-*``."""
+    old = importlib.import_module(f"{package}.optim.fosi").FOSI
+    BUILDERS["old-fosi-sgd"] = lambda m: _fosi(
+        m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), old
+    )
+    BUILDERS["old-fosi-adam"] = lambda m: _fosi(m, torch.optim.Adam(m.parameters(), lr=1e-3), old)
 
 
 class Run:
@@ -97,8 +110,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--profile", choices=sorted(BUILDERS), help="cProfile this optimizer")
+    parser.add_argument("--baseline", help="another copy of the package to compare, by name")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    pairs = list(PAIRS)
+    if args.baseline:
+        _add_baseline(args.baseline)
+        pairs += [("old-fosi-sgd", "sgd"), ("old-fosi-adam", "adam")]
+        pairs += [("fosi-sgd", "old-fosi-sgd"), ("fosi-adam", "old-fosi-adam")]
     if args.profile:
         run = Run(args.profile)
         run.steps(WARM)
@@ -118,7 +137,7 @@ def main() -> int:
     print(f"ms per step, median (min-max) of {args.rounds} rounds x {args.steps} steps, 1 thread")
     for name, values in ms.items():
         print(f"  {name:10s} {_summary(values)}")
-    for fosi, base in PAIRS:
+    for fosi, base in pairs:
         ratios = [a / b for a, b in zip(ms[fosi], ms[base], strict=True)]
         print(f"  {fosi} / {base}: {_summary(ratios)}x")
     return 0
