@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from kfac_hpc.optim.fosi.ese_interval import next_interval, subspace_movement
+from kfac_hpc.optim.fosi.flat_params import FlatParameters
 from kfac_hpc.optim.fosi.hvp import HessianVectorProduct
 from kfac_hpc.optim.fosi.lanczos import (
     ExtremeSpectrum,
@@ -43,7 +44,7 @@ from kfac_hpc.optim.fosi.lanczos import (
 from kfac_hpc.optim.fosi.options import FOSIOptions
 from kfac_hpc.optim.fosi.pipeline import CurvaturePipeline
 from kfac_hpc.optim.fosi.sharded_base import ShardedBase, weight_decay_vector
-from kfac_hpc.optim.fosi.sharding import CoordinateShard, flatten
+from kfac_hpc.optim.fosi.sharding import CoordinateShard
 
 __all__ = ["FOSI"]
 
@@ -140,9 +141,15 @@ class FOSI(torch.optim.Optimizer):
             self.shard = CoordinateShard(self.n, dist.get_world_size(), dist.get_rank())
         else:
             self.shard = CoordinateShard(self.n, 1, 0)
+        # the parameters become views of one flat buffer; this rank's coordinates of it
+        self.flat = FlatParameters(self.params)
+        self.local = self.shard.local(self.flat.values)
         self.sharded_base = (
-            None if self.is_curvature_rank else ShardedBase(base, self.shard, bounds)
+            None if self.is_curvature_rank else ShardedBase(base, self.shard, bounds, self.local)
         )
+        # zeros (n_r,): the dot product with it is 0 for a finite gradient, NaN otherwise
+        self._zeros = torch.zeros(self.shard.size, dtype=self.flat.values.dtype,
+                                  device=self.flat.values.device)  # fmt: skip
         self.step_count = 0
         self.ese_count = 0
         self.eigenvalues = torch.empty(0, dtype=torch.float64)
@@ -173,6 +180,7 @@ class FOSI(torch.optim.Optimizer):
         self.movements: list[float] = []  # per synchronous ESE after the first: mean sin²
         self.intervals: list[int] = []  # per synchronous ESE: the steps to the next one
         self._last_estimate: torch.Tensor | None = None  # the last ESE's V (kept if rejected)
+        self._extremes_of: tuple[torch.Tensor, tuple[int, int], float, float] | None = None
 
     # -- properties -------------------------------------------------------------------
     @property
@@ -252,7 +260,8 @@ class FOSI(torch.optim.Optimizer):
                 lap("ese")
             self.step_count += 1
             return loss
-        grads = flatten([torch.zeros_like(p) if p.grad is None else p.grad for p in self.params])
+        self.flat.check()
+        grads = self.flat.gradients()
         if self.options.average_gradients:
             g = self.shard.reduce_scatter_mean(grads)
         else:
@@ -261,7 +270,7 @@ class FOSI(torch.optim.Optimizer):
             self._check_finite(g)
         lap("grad_allreduce")
         if due and self.pipeline is not None:
-            self.pipeline.request(self.step_count, flatten(self.params))
+            self.pipeline.request(self.step_count, self.flat.values)
         elif due:
             assert closure is not None
             spectrum, loss = self._estimate(closure, seed)
@@ -271,15 +280,14 @@ class FOSI(torch.optim.Optimizer):
                 self._check_subspace(closure, g, loss)
             lap("ese")
         late = self.pipeline is not None and self._swap_arrived()
-        theta = self.shard.local(flatten(self.params))
         if late:  # the eigenpairs in use are older than max_staleness allows
             assert self.sharded_base is not None
             self.late_steps.append(self.step_count)
-            new = self.sharded_base.step(theta, g)
+            self.sharded_base.step(g)
         else:
-            new = self._update(theta, g)
+            self._update(g)
         lap("optimizer")
-        self._write_local(new)
+        self._publish()
         lap("param_allgather")
         self.step_count += 1
         return loss
@@ -310,7 +318,7 @@ class FOSI(torch.optim.Optimizer):
         """A curvature rank: receive the snapshot, estimate, send every training rank its
         share of the result."""
         assert self.pipeline is not None
-        self._write_params(self.pipeline.receive_snapshot(flatten(self.params)))
+        self._write_params(self.pipeline.receive_snapshot(self.flat.values))
         spectrum, loss = self._estimate(closure, seed)
         self.pipeline.send(spectrum, self.params[0].dtype, self.last_ese_s)
         return loss
@@ -331,21 +339,25 @@ class FOSI(torch.optim.Optimizer):
             return True
         return pipeline.late(self.step_count, bound)
 
-    def _update(self, theta: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        """New values of this rank's coordinates ``theta`` given the mean gradient ``g``."""
+    def _update(self, g: torch.Tensor) -> None:
+        """Update this rank's coordinates (``self.local``, in place) given the mean gradient
+        ``g``: θ' = θ + s·d2 + d1 (the base's update d2 in the buffer, then θ' there)."""
         assert self.sharded_base is not None
         V, v = self.vectors, self.velocity
         if V is None or v is None or V.shape[0] == 0:
-            return self.sharded_base.step(theta, g)
+            self.sharded_base.step(g)
+            return
         o = self.options
+        theta = self.local.clone()
         c_g, c_v = self._coefficients(theta, g)
         g1 = c_g @ V
         v.mul_(o.momentum).add_(g1, alpha=1 - o.momentum)
-        d1 = self._newton_step(c_v)
         # the base adds its weight decay itself: it gets the loss gradient minus g1
-        d2 = self.sharded_base.step(theta, g - g1) - theta
+        d1 = self._newton_step(c_v)
+        self.sharded_base.step(g - g1)
+        d2 = self.local.sub_(theta)  # the base's update d2, in the buffer
         d2 -= self.shard.allreduce(V @ d2) @ V
-        return theta + self._scale() * d2 + d1
+        d2.mul_(self._scale()).add_(theta).add_(d1)  # θ + s·d2 + d1, the same operations
 
     def _schedule(self) -> None:
         """After a synchronous ESE: how far the subspace moved since the last one (recorded),
@@ -365,8 +377,9 @@ class FOSI(torch.optim.Optimizer):
         update in the eigenbasis (k + l numbers each, one allreduce; V orthonormal)."""
         V, v = self.vectors, self.velocity
         assert V is not None and v is not None and self.sharded_base is not None
-        wd = self.sharded_base.weight_decay().to(g.dtype)
-        coeffs = self.shard.allreduce(torch.stack([V @ (g + wd * theta), V @ v]))
+        wd = self.sharded_base.weight_decay(g.dtype)
+        objective = g if wd is None else g + wd * theta
+        coeffs = self.shard.allreduce(torch.stack([V @ objective, V @ v]))
         beta = self.options.momentum
         return coeffs[0], beta * coeffs[1] + (1 - beta) * coeffs[0]
 
@@ -382,19 +395,30 @@ class FOSI(torch.optim.Optimizer):
         λ_k <= 0."""
         k = self.top
         assert self.sharded_base is not None
-        if self.sharded_base.adaptive or k == 0 or self.eigenvalues[k - 1] <= 0:
+        if self.sharded_base.adaptive or k == 0:
             return 1.0
-        lam_k = float(self.eigenvalues[k - 1])
-        ratio = min(max(float(self.eigenvalues[0]) / lam_k, 1.0), self.options.clip)
+        lam_1, lam_k = self._extremes()
+        if lam_k <= 0:
+            return 1.0
+        ratio = min(max(lam_1 / lam_k, 1.0), self.options.clip)
         step = self.sharded_base.effective_step()  # 0 at a learning rate of 0 (warm-up)
         newton = math.inf if step <= 0 else 1.0 / (step * lam_k)
         return min(ratio, max(newton, 1.0))
 
+    def _extremes(self) -> tuple[float, float]:
+        """(λ_1, λ_top) as floats, read from the eigenvalues once per set of them."""
+        values, cached = self.eigenvalues, self._extremes_of
+        key = (values._version, self.top)
+        if cached is None or cached[0] is not values or cached[1] != key:
+            cached = (values, key, float(values[0]), float(values[self.top - 1]))
+            self._extremes_of = cached
+        return cached[2], cached[3]
+
     def _check_finite(self, g: torch.Tensor) -> None:
         """Raise :class:`NonFiniteCurvature` (on every rank alike) when the gradient of this
         step is NaN or inf on some rank: the loss or the parameters diverged."""
-        bad = self.shard.allreduce((~torch.isfinite(g)).any().to(torch.float64).reshape(1))
-        if bad.item():
+        probe = torch.dot(g, self._zeros).reshape(1).to(torch.float64)  # NaN: some is not finite
+        if not math.isfinite(self.shard.allreduce(probe).item()):
             raise NonFiniteCurvature(
                 f"FOSI: the gradient is not finite (NaN or inf) at step {self.step_count}: the "
                 "loss or the parameters diverged; lower the learning rate, alpha or clip",
@@ -410,7 +434,7 @@ class FOSI(torch.optim.Optimizer):
         as they were."""
         if self.vectors is None or not self.eigenvalues.numel() or loss is None:
             return
-        saved = flatten(self.params)
+        saved = self.flat.values.clone()
         theta = self.shard.local(saved)
         _, c_v = self._coefficients(theta, g)
         buffers = [] if self.model is None else [b.clone() for b in self.model.buffers()]
@@ -466,9 +490,7 @@ class FOSI(torch.optim.Optimizer):
             )
         except NonFiniteCurvature as exc:
             loss = float("nan") if hvp.loss is None else float(hvp.loss)
-            diverged = not (
-                math.isfinite(loss) and bool(torch.isfinite(flatten(self.params)).all())
-            )
+            diverged = not (math.isfinite(loss) and bool(torch.isfinite(self.flat.values).all()))
             cause = (
                 "the parameters or the loss are not finite: training diverged before this ESE; "
                 "lower the learning rate, alpha or clip"
@@ -518,12 +540,19 @@ class FOSI(torch.optim.Optimizer):
 
     # -- parameters -------------------------------------------------------------------
     def _write_params(self, flat: torch.Tensor) -> None:
-        for p, chunk in zip(self.params, flat.split([p.numel() for p in self.params]), strict=True):
-            p.copy_(chunk.view_as(p))
+        """Set the parameters to the flat vector ``flat`` (``(n,)``)."""
+        self.flat.values.copy_(flat)
+
+    def _publish(self) -> None:
+        """All-gather every rank's coordinates of the buffer into the parameters (nothing to
+        do with one rank: the buffer is the parameters)."""
+        if self.shard.world > 1:
+            self._write_params(self.shard.gather(self.local))
 
     def _write_local(self, local: torch.Tensor) -> None:
-        """All-gather every rank's new coordinates into the parameters."""
-        self._write_params(self.shard.gather(local))
+        """Set this rank's coordinates to ``local`` and all-gather every rank's."""
+        self.local.copy_(local)
+        self._publish()
 
     # -- state ------------------------------------------------------------------------
     def _counters(self) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 The user's base optimizer names the class, the parameter groups and their hyperparameters; it
 is never stepped itself and holds no state. A copy of its class runs on one flat 1-D tensor per
 parameter group holding this rank's coordinates of that group (possibly none), so its state
-(momentum buffers, Adam moments) exists only for the slice. Hyperparameters are copied from the
+(momentum buffers, Adam moments) exists only for the slice. Those tensors are views of the
+rank's coordinates of FOSI's flat parameter buffer (flat_params.py): a step updates them in
+place, with no copy in or out. Hyperparameters are copied from the
 user's groups before every step, so learning-rate schedulers attached to the base keep working.
 
 With one rank the flat tensors hold whole groups and the element-wise base updates are the
@@ -56,7 +58,8 @@ def _hyper(group: dict[str, Any]) -> dict[str, Any]:
 class ShardedBase:
     """``base``'s class on this rank's slices of the flat parameter vector.
 
-    ``group_bounds``: ``[a, b)`` of every parameter group in flat coordinates.
+    ``group_bounds``: ``[a, b)`` of every parameter group in flat coordinates; ``values``: this
+    rank's coordinates ``(n_r,)``, which :meth:`step` updates in place.
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class ShardedBase:
         base: torch.optim.Optimizer,
         shard: CoordinateShard,
         group_bounds: list[tuple[int, int]],
+        values: torch.Tensor,
     ) -> None:
         self.base = base
         self.shard = shard
@@ -76,11 +80,13 @@ class ShardedBase:
             )
             for a, b in group_bounds
         ]
-        ref = base.param_groups[0]["params"][0]
-        self.slices = [
-            torch.zeros(b - a, dtype=ref.dtype, device=ref.device, requires_grad=True)
-            for a, b in self.pieces
-        ]
+        self.values = values
+        self.slices = []
+        for a, b in self.pieces:
+            leaf = torch.empty(0, dtype=values.dtype, device=values.device, requires_grad=True)
+            leaf.data = values[a:b]
+            self.slices.append(leaf)
+        self._decay: tuple[tuple[float, ...], torch.dtype, torch.Tensor] | None = None
         groups = [
             {**_hyper(g), "params": [x]}
             for g, x in zip(base.param_groups, self.slices, strict=True)
@@ -103,23 +109,25 @@ class ShardedBase:
             steps.append(lr / (1.0 - momentum) if momentum < 1.0 else math.inf)
         return max(steps)
 
-    def weight_decay(self) -> torch.Tensor:
-        """Per local coordinate, the weight decay of its group, float64 ``(n_r,)``."""
-        return weight_decay_vector(self.base, self.group_bounds, self.shard)
+    def weight_decay(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """Per local coordinate, the weight decay of its group, ``(n_r,)`` of ``dtype``; None
+        when every group's is 0. Rebuilt only when a group's weight decay changed."""
+        decays = tuple(float(g.get("weight_decay", 0.0)) for g in self.base.param_groups)
+        if self._decay is None or self._decay[:2] != (decays, dtype):
+            vector = weight_decay_vector(self.base, self.group_bounds, self.shard).to(dtype)
+            self._decay = (decays, dtype, vector)
+        return self._decay[2] if any(decays) else None
 
-    def step(self, theta: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-        """The base optimizer's new values of this rank's coordinates ``theta`` (``(n_r,)``)
-        given the gradient ``grad`` it should see; its state advances."""
+    def step(self, grad: torch.Tensor) -> None:
+        """The base optimizer's update of this rank's coordinates (``values``, in place) given
+        the gradient ``grad`` (``(n_r,)``) it should see; its state advances."""
         for (a, b), x, mine, user in zip(
             self.pieces, self.slices, self.optimizer.param_groups, self.base.param_groups,
             strict=True,
         ):  # fmt: skip
             mine.update(_hyper(user))
-            with torch.no_grad():
-                x.copy_(theta[a:b])
             x.grad = grad[a:b]  # a view: torch optimizers do not write into gradients
         self.optimizer.step()
-        return torch.cat([x.detach() for x in self.slices])
 
     def state_bytes(self) -> int:
         """Bytes of the base optimizer state on this rank."""

@@ -12,7 +12,6 @@ Every collective here is the identity with one rank (or without a process group)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -111,8 +110,3 @@ class CoordinateShard:
         pieces.view(-1)[:head] = full[:head]
         pieces[extra:, :base] = full[head:].view(self.world - extra, base)
         return pieces.view(-1)
-
-
-def flatten(tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The tensors laid end to end as one 1-D tensor (a copy)."""
-    return torch.cat([t.detach().reshape(-1).to(dtype or t.dtype) for t in tensors])
