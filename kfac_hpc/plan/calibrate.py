@@ -42,6 +42,7 @@ __all__ = [
     "measure_collectives",
     "sync_reps",
     "sync_rounds",
+    "synchronize",
 ]
 
 SIZES_BYTES = (64, 4 * 2**10, 64 * 2**10, 1 * 2**20, 4 * 2**20)
@@ -63,7 +64,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a no-op on a CPU), before reading a clock."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -77,11 +79,11 @@ def gemm_s(device: torch.device = _CPU) -> float:
     try:
         for _ in range(20):
             a @ a
-        _synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         for _ in range(200):
             a @ a
-        _synchronize(device)
+        synchronize(device)
         return (time.perf_counter() - start) / 200
     finally:
         torch.set_num_threads(before)
@@ -113,7 +115,7 @@ def sync_rounds(
             for _ in range(n):
                 a @ a
             dist.all_reduce(message, group=group)
-            _synchronize(device)
+            synchronize(device)
             rounds.append(time.perf_counter() - start)
         mean = _mean_over_ranks(rounds[1:], ranks, group, device)
         rows.append(("sync", ranks, work_s, mean))

@@ -32,6 +32,7 @@ from torch import nn
 
 from kfac_hpc.optim.layers import make_layer
 from kfac_hpc.optim.preconditioner import KFACPreconditioner
+from kfac_hpc.plan.calibrate import synchronize
 from kfac_hpc.plan.layers import module_kind, weight_flops
 from kfac_hpc.plan.module_fits import MODULE_KINDS, ModuleFit, ModulePoint, fit_module
 from kfac_hpc.plan.pass_timing import PassTiming, pass_error, points_by_kind
@@ -61,26 +62,21 @@ _TENSORS, _TENSOR_ELEMENTS = 64, 64  # the optimizer's many-small-tensors update
 Point = tuple[float, float, float, float]  # forward FLOPs, forward s, backward s, factor s
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def per_call_s(fn: Callable[[], object], device: torch.device) -> float:
     """Seconds per call of ``fn``: the median over blocks of at least ``_BLOCK_S`` seconds
     (after one warm-up call), the device synchronized around each block."""
     fn()
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     fn()
-    _sync(device)
+    synchronize(device)
     calls = max(1, math.ceil(_BLOCK_S / max(time.perf_counter() - start, 1e-9)))
     times = []
     for _ in range(_BLOCKS):
         start = time.perf_counter()
         for _ in range(calls):
             fn()
-        _sync(device)
+        synchronize(device)
         times.append((time.perf_counter() - start) / calls)
     return statistics.median(times)
 
@@ -163,10 +159,10 @@ def kfac_forward_layer_s(device: torch.device) -> float:
     times: dict[int, list[float]] = {0: [], 1: []}
     for round_ in range(_HOOK_ROUNDS + 2):
         for index, net in enumerate((plain, hooked)):
-            _sync(device)
+            synchronize(device)
             start = time.perf_counter()
             out = net(x)
-            _sync(device)
+            synchronize(device)
             if round_ >= 2:  # the first passes warm up
                 times[index].append(time.perf_counter() - start)
             out.sum().backward()

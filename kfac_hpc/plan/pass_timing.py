@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kfac_hpc.plan.calibrate import synchronize
 from kfac_hpc.plan.layers import module_kind, weight_flops
 from kfac_hpc.plan.module_fits import ModuleFit, ModulePoint
 
@@ -55,11 +56,6 @@ class PassTiming:
     modules: tuple[float, float]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class _Recorder:
     """Per-module seconds of one hooked pass, and each module's FLOPs and elements per call."""
 
@@ -74,7 +70,7 @@ class _Recorder:
         self._open: nn.Module | None = None  # a backward whose end is the next event
 
     def now(self) -> float:
-        _sync(self.device)
+        synchronize(self.device)
         return time.perf_counter()
 
     def close(self, now: float) -> None:
@@ -116,15 +112,15 @@ def _leaves(net: nn.Module) -> list[nn.Module]:
 def _pass(net: nn.Module, x: torch.Tensor, grad: torch.Tensor) -> tuple[float, float]:
     """(forward s, backward s) of one pass of ``net`` on ``x``."""
     device = x.device
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     out = net(x)
-    _sync(device)
+    synchronize(device)
     middle = time.perf_counter()
     with warnings.catch_warnings():  # the first module's input needs no gradient
         warnings.simplefilter("ignore", UserWarning)
         out.backward(grad)
-    _sync(device)
+    synchronize(device)
     end = time.perf_counter()
     net.zero_grad(set_to_none=True)
     return middle - start, end - middle

@@ -40,7 +40,14 @@ from torch import nn
 
 from kfac_hpc.contracts.atomic import write_bytes_atomic
 from kfac_hpc.plan.alphabeta import AlphaBeta, fit_alpha_beta
-from kfac_hpc.plan.calibrate import SYNC_BYTES, fit_wait, gemm_s, sync_reps, sync_rounds
+from kfac_hpc.plan.calibrate import (
+    SYNC_BYTES,
+    fit_wait,
+    gemm_s,
+    sync_reps,
+    sync_rounds,
+    synchronize,
+)
 from kfac_hpc.plan.layer_rates import (
     kfac_forward_layer_s,
     layer_curve,
@@ -67,20 +74,15 @@ OVERHEAD_BATCH = 64  # the batch of the 1-rank run that measures the job's own o
 MODEL_BATCHES = (16, 64)  # the batches a planned model's own modules are timed at
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _timed(fn: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
     """Median seconds of ``fn`` (after one warm-up call), the device synchronized."""
     fn()
-    _sync(device)
+    synchronize(device)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -98,10 +100,10 @@ def _pair_link(pair: tuple[int, int], device: torch.device) -> AlphaBeta | None:
         times = []
         for round_ in range(ROUNDS + 1):
             dist.barrier(group=group)
-            _sync(device)
+            synchronize(device)
             start = time.perf_counter()
             dist.broadcast(buf, pair[0], group=group)
-            _sync(device)
+            synchronize(device)
             if round_:
                 times.append(time.perf_counter() - start)
         samples.append(("broadcast", 2, float(nbytes), statistics.fmean(times)))
@@ -195,7 +197,7 @@ def _slowdown_curve(groups: list[list[int]], device: torch.device) -> list[list[
     def work() -> None:
         for _ in range(_CONCURRENCY_REPS):
             module(x).backward(grad)
-        _sync(device)
+        synchronize(device)
 
     work()
     rank, sets = dist.get_rank(), [[0], *groups]
