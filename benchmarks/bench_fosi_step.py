@@ -10,26 +10,26 @@ the cost of every step between two ESEs. Each step is preceded by ``zero_grad(se
 and a backward pass, as in the training job.
 
 Per round (``--rounds``, default 7) every optimizer runs ``--steps`` (default 200) timed steps
-after 20 untimed ones, in turn (interleaved, so machine load hits all alike); printed: per
-optimizer the median over rounds of the mean step time, with min-max, and the FOSI / base
-ratios per round (median, min-max). ``--baseline PACKAGE`` adds, in the same rounds, FOSI-SGD
-and FOSI-Adam from another importable copy of the package (an earlier commit's ``kfac_hpc``
-under another name, its own imports renamed), printed as ``old-fosi-sgd`` and
-``old-fosi-adam``, with their ratios to the new ones. ``--profile NAME`` instead prints
-cProfile's top entries for that optimizer's steps.
+after 20 untimed ones, in turn (``harness.interleave``: the order rotates, so machine load hits
+all alike); printed: per optimizer the median over rounds of the mean step time, with min-max,
+and the FOSI / base ratios per round (median, min-max), also written to
+benchmarks/results/bench_fosi_step.json (no target: the figures explain the time-to-target
+rows). ``--baseline PACKAGE`` adds, in the same rounds, FOSI-SGD and FOSI-Adam from another
+importable copy of the package (an earlier commit's ``kfac_hpc`` under another name, its own
+imports renamed), printed as ``old-fosi-sgd`` and ``old-fosi-adam``, with their ratios to the
+new ones. ``--profile NAME`` instead prints cProfile's top entries for that optimizer's steps.
 """
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import importlib
 import itertools
 import pstats
-import statistics
 import time
 from collections.abc import Callable
 
+import harness  # benchmarks/harness.py, beside this script
 import torch
 from torch import nn
 
@@ -101,14 +101,9 @@ class Run:
         return spent
 
 
-def _summary(values: list[float]) -> str:
-    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=200)
+    parser = harness.parser(__doc__, rounds=7)
+    parser.add_argument("--steps", type=harness.positive_int, default=200)
     parser.add_argument("--profile", choices=sorted(BUILDERS), help="cProfile this optimizer")
     parser.add_argument("--baseline", help="another copy of the package to compare, by name")
     args = parser.parse_args()
@@ -127,20 +122,29 @@ def main() -> int:
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
         return 0
+    bench = harness.Benchmark("bench_fosi_step")
     runs = {name: Run(name) for name in BUILDERS}
     for run in runs.values():
         run.steps(WARM)
-    ms: dict[str, list[float]] = {name: [] for name in BUILDERS}
-    for _ in range(args.rounds):
-        for name, run in runs.items():
-            ms[name].append(1e3 * run.steps(args.steps) / args.steps)
+    ms = harness.interleave(
+        {
+            name: lambda _round, run=run: 1e3 * run.steps(args.steps) / args.steps
+            for name, run in runs.items()
+        },
+        args.rounds,
+    )
     print(f"ms per step, median (min-max) of {args.rounds} rounds x {args.steps} steps, 1 thread")
     for name, values in ms.items():
-        print(f"  {name:10s} {_summary(values)}")
-    for fosi, base in pairs:
-        ratios = [a / b for a, b in zip(ms[fosi], ms[base], strict=True)]
-        print(f"  {fosi} / {base}: {_summary(ratios)}x")
-    return 0
+        print(f"  {name:13s} {harness.Stats.of(values):.3f}")
+    ratios = {f"{a} / {b}": harness.Stats.of(harness.ratios(ms[a], ms[b])) for a, b in pairs}
+    for name, ratio in ratios.items():
+        print(f"  {name}: {ratio:.3f}x")
+    results = {
+        "step_ms": {name: harness.Stats.of(values) for name, values in ms.items()},
+        "ratios": ratios,
+        "steps_per_round": args.steps,
+    }
+    return bench.finish(results, check=args.check)
 
 
 if __name__ == "__main__":
