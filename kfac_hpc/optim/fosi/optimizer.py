@@ -318,7 +318,7 @@ class FOSI(torch.optim.Optimizer):
         """A curvature rank: receive the snapshot, estimate, send every training rank its
         share of the result."""
         assert self.pipeline is not None
-        self._write_params(self.pipeline.receive_snapshot(self.flat.values))
+        self.pipeline.receive_snapshot(self.flat.values)
         spectrum, loss = self._estimate(closure, seed)
         self.pipeline.send(spectrum, self.params[0].dtype, self.last_ese_s)
         return loss

@@ -172,11 +172,10 @@ class CurvaturePipeline:
             self.pending.pop(0).wait()
 
     # -- curvature ranks ----------------------------------------------------------------
-    def receive_snapshot(self, like: torch.Tensor) -> torch.Tensor:
-        """θ_t from training rank 0 (blocks until it is sent)."""
-        snapshot = torch.empty_like(like)
-        dist.recv(snapshot, 0)
-        return snapshot
+    def receive_snapshot(self, into: torch.Tensor) -> None:
+        """θ_t from training rank 0, received in place into ``into`` (the curvature rank's
+        parameter buffer); blocks until it is sent."""
+        dist.recv(into, 0)
 
     def send(self, spectrum: ExtremeSpectrum, dtype: torch.dtype, seconds: float) -> None:
         """Every training rank's coordinates of the eigenvectors (and, from curvature rank 0,
