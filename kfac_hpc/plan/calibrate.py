@@ -11,7 +11,7 @@ round's mean time (over rounds and ranks, as the job averages its phases) minus 
 model's compute for that work (``T`` times the slowdown of ranks sharing cores) and minus the
 same allreduce in lockstep is what a collective costs beyond its α-β time when ranks arrive
 at different moments: jitter, and ranks that share cores waiting to be scheduled. Fitted per
-rank count as ``a + b·T``.
+rank count as ``a + b·T`` with ``b ≥ 0``.
 """
 
 from __future__ import annotations
@@ -218,13 +218,19 @@ def fit_sync(rows: Sequence[Sample], slowdown: float) -> tuple[float, float]:
 
 
 def fit_wait(sync: Sequence[Sample], slowdown: float, lockstep_s: float) -> tuple[float, float]:
-    """(a, b) of wait = round − slowdown·T − ``lockstep_s`` = a + b·T, least squares over
-    the ``("sync", ranks, T, round)`` rows of one rank count (one row: b = 0)."""
+    """(a, b) of wait = round − slowdown·T − ``lockstep_s`` = a + b·T, least squares with
+    b ≥ 0 over the ``("sync", ranks, T, round)`` rows of one rank count (one row: b = 0).
+    More work before a collective never shortens the wait for it: a negative slope, which a
+    loaded host's noise fits (−0.2 to −0.9 seen), would price no wait at all after a long
+    compute phase. The objective is convex, so when the free fit's slope is negative the
+    constrained optimum lies on b = 0: the mean wait."""
     t = np.array([r[2] for r in sync])
     wait = np.array([r[3] for r in sync]) - slowdown * t - lockstep_s
     if len(sync) < 2:
         return float(wait.mean()), 0.0
     b, a = np.polyfit(t, wait, 1)
+    if b < 0:
+        return float(wait.mean()), 0.0
     return float(a), float(b)
 
 

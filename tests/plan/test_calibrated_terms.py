@@ -128,6 +128,24 @@ def test_fit_wait_recovers_a_linear_wait() -> None:
     assert fit_wait(rows[:1], slowdown, lockstep) == pytest.approx((a + b * 5e-4, 0.0))
 
 
+def test_fit_wait_keeps_the_slope_non_negative() -> None:
+    """Waits that fall with the work (noise on a loaded host) fit b = 0 and the mean wait:
+    the least-squares optimum over b >= 0, checked against a dense search of (a, b)."""
+    lockstep, slowdown = 3e-4, 1.5
+    waits = (4e-3, 3e-3, 1e-3)
+    times = (5e-4, 4e-3, 16e-3)
+    rows = [("sync", 2, t, slowdown * t + lockstep + w) for t, w in zip(times, waits, strict=True)]
+    a, b = fit_wait(rows, slowdown, lockstep)
+    assert (a, b) == pytest.approx((sum(waits) / 3, 0.0))
+
+    def sse(a: float, b: float) -> float:
+        return sum((w - a - b * t) ** 2 for t, w in zip(times, waits, strict=True))
+
+    grid = [(i * 1e-5, j * 1e-3) for i in range(0, 600) for j in range(0, 50)]
+    best = min(grid, key=lambda ab: sse(*ab))
+    assert sse(a, b) <= sse(*best) + 1e-15
+
+
 def test_the_concurrency_sets_are_one_rank_a_node_then_all() -> None:
     assert _groups(4, 2) == [[0, 2], [0, 1, 2, 3]]
     assert _groups(8, 4) == [[0, 4], list(range(8))]
