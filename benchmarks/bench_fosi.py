@@ -40,7 +40,9 @@ converged, ``lanczos_tol`` = ``residual_tol``), with the Lanczos basis in float3
 ``lanczos_dtype="training"``), with both, and each of these with partial reorthogonalization
 (``partial``: ``reorthogonalize="partial"``), and two of them with the Hessian-vector products
 by forward-over-reverse (``/fwd``: ``hvp="forward-over-reverse"``, what ``auto`` chose before
-2026-12-03), so that the route's effect is measured in the same run; ``--variants`` runs a
+2026-12-03), so that the route's effect is measured in the same run, and the cheapest with the
+Lanczos basis kept between ESEs (``+keep``: ``keep_basis=True``; the timed second ESE reuses
+the first one's basis); ``--variants`` runs a
 subset (comma-separated names); the share is
 also given at 800 steps, the adaptive schedule's longest interval (8 x 100): per round
 and variant a FOSI runs an ESE, two plain steps and a second ESE (the one timed: the warm start
@@ -100,6 +102,12 @@ ESE_VARIANTS: dict[str, dict[str, Any]] = {
     "partial": PARTIAL,
     "f32+partial": {"lanczos_dtype": "training", **PARTIAL},
     "f32+cheap+partial": {**CHEAP, "lanczos_dtype": "training", **PARTIAL},
+    "f32+cheap+partial+keep": {
+        **CHEAP,
+        "lanczos_dtype": "training",
+        **PARTIAL,
+        "keep_basis": True,
+    },
     "full/fwd": {**FULL, "hvp": "forward-over-reverse"},
     "f32+cheap+partial/fwd": {
         **CHEAP,

@@ -538,6 +538,13 @@ FOSI_OPTIONS: tuple[Option, ...] = (
         choices=REORTHOGONALIZATIONS,
     ),
     _f(
+        "fosi_keep_basis",
+        "bool",
+        False,
+        "keep the Lanczos basis allocated between ESEs (resident: lanczos-iters x the "
+        "parameters / ranks in its dtype) so that an ESE does not page-fault a fresh one in",
+    ),
+    _f(
         "fosi_nonfinite_stop",
         "bool",
         True,
@@ -800,6 +807,7 @@ LIBRARY_PARAMETERS: dict[str, dict[str, str]] = {
         "adaptive_ese": "fosi_adaptive_ese",
         "lanczos_dtype": "fosi_lanczos_dtype",
         "reorthogonalize": "fosi_reorthogonalize",
+        "keep_basis": "fosi_keep_basis",
     },
 }
 # The library's parameters that are not options of the job, and why: method -> {parameter: why}.

@@ -20,7 +20,8 @@ the layer's grad workers). The step is walked as the job runs it (``kfac_hpc.tra
   statistics and their allreduce buckets in flight (COMM-OPT), the eigendecomposition of the
   largest factor a rank owns, the preconditioned gradients;
 - FOSI / DHO2: V, velocity and base state sharded over coordinates, the float64 Lanczos basis
-  and a Hessian-vector product's graph during an ESE.
+  (held between ESEs too with ``fosi_keep_basis``) and a Hessian-vector product's graph
+  during an ESE.
 
 A device adds its CUDA context and library workspaces (``[memory]`` table of a profile): the
 bytes the process holds outside the allocator's tensors. See docs/plan.md, "Memory per GPU".
@@ -131,6 +132,7 @@ class MemoryConfig:
     fosi_l: int = int(OPTIONS["fosi_l"].default)
     lanczos_iters: int | None = None
     grad_worker_fraction: float | None = None  # None: the strategy's (comm-opt 1, ...)
+    fosi_keep_basis: bool = bool(OPTIONS["fosi_keep_basis"].default)
 
     @property
     def strategy(self) -> str | None:
@@ -346,6 +348,11 @@ def _kfac_moments(
     }
 
 
+def _lanczos_iters(cfg: MemoryConfig) -> int:
+    """FOSI's Lanczos steps m (4(k + l) unless given)."""
+    return cfg.lanczos_iters if cfg.lanczos_iters is not None else 4 * (cfg.fosi_k + cfg.fosi_l)
+
+
 def _step(
     trace: _Trace,
     cfg: MemoryConfig,
@@ -371,6 +378,8 @@ def _step(
         parts["optimizer"] = _optimizer_bytes(cfg, shard * _F32)
         parts["fosi_vectors"] = pairs * shard * _F32
         parts["fosi_velocity"] = shard * _F32
+        if cfg.fosi_keep_basis:  # the Lanczos basis, resident between ESEs
+            parts["fosi_lanczos_basis"] = _lanczos_iters(cfg) * shard * _F64
     held = sum(parts.values())
     saved = trace.saved_bytes
     moments = {"forward_end": held + trace.batch_bytes + saved}
@@ -400,21 +409,18 @@ def _step(
     if cfg.ranks > 1 and cfg.method != "fosi":
         moments["grad_allreduce"] = held + params
     if cfg.method == "fosi":
-        iters = (
-            cfg.lanczos_iters if cfg.lanczos_iters is not None else 4 * (cfg.fosi_k + cfg.fosi_l)
-        )
         shard = math.ceil(params / _F32 / cfg.ranks)
-        # an ESE: the float64 Lanczos basis; a forward-over-reverse Hessian-vector product
-        # holds the forward's saved tensors, their tangents and the gradient's (3 × saved),
+        basis = 0 if cfg.fosi_keep_basis else _lanczos_iters(cfg) * shard * _F64
+        # an ESE: the float64 Lanczos basis (already held with fosi_keep_basis); a
+        # forward-over-reverse Hessian-vector product holds the forward's saved tensors, their
+        # tangents and the gradient's (3 × saved),
         # and full-length vectors (the gathered Lanczos vector, the product and its tangent,
         # the float64 iterate and its residual: 7 × the parameters' bytes). Read from
         # measured ESEs of resnet20 and mlp (docs/plan.md), not line by line from the code.
         # On a CPU the product's convolutions unfold their input (PyTorch's slow_conv2d keeps
         # an im2col buffer): the largest convolution's adds n_in x output positions per sample.
         unfold = 0 if cuda else max((_im2col_bytes(m) for m in trace.modules), default=0)
-        moments["ese"] = (
-            held + iters * shard * _F64 + 3 * saved + 7 * params + unfold * cfg.local_batch
-        )
+        moments["ese"] = held + basis + 3 * saved + 7 * params + unfold * cfg.local_batch
     return StepMemory(cfg, rank, moments, parts, device_bytes)
 
 

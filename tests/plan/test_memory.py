@@ -193,6 +193,26 @@ def test_fosi_shards_its_state_over_ranks() -> None:
         )
 
 
+def test_a_kept_lanczos_basis_is_held_between_eses() -> None:
+    """With ``fosi_keep_basis`` the float64 basis (m × ⌈n / P⌉, m = 4(k + l)) is a held part:
+    every moment of the step rises by it but the ESE's, which counted it already."""
+    shape, classes = INPUTS["digits"]
+    n = sum(
+        p.numel() for p in build_model(TrainConfig(model="small_cnn"), shape, classes).parameters()
+    )
+    memory = MemoryModel("small_cnn", "digits")
+    for ranks in (1, 3):
+        freed = memory.predict(MemoryConfig("fosi", ranks, 8, fosi_k=3))
+        kept = memory.predict(MemoryConfig("fosi", ranks, 8, fosi_k=3, fosi_keep_basis=True))
+        basis = 4 * 3 * -(-n // ranks) * 8
+        assert "fosi_lanczos_basis" not in freed.parts
+        assert kept.parts == freed.parts | {"fosi_lanczos_basis": basis}
+        assert kept.moments["ese"] == freed.moments["ese"]
+        for moment, value in freed.moments.items():
+            if moment != "ese":
+                assert kept.moments[moment] == value + basis, moment
+
+
 def test_the_cost_models_memory_is_this_models_peak() -> None:
     """One memory model: a prediction's bytes are the peak this module gives the same point,
     on a profile's device (context and workspaces added) and on this machine's CPU paths."""

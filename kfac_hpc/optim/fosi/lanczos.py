@@ -63,6 +63,13 @@ WARM_NOISE = 0.1
 # at about ε, and the float64 sum of their squares adds nothing (measured: 1e-9 relative at
 # n = 2.1 M in float32, against 5e-8 for the cascaded sum of the squares and 3e-6 for ``dot``).
 _BLOCK = 1024
+# The random start vector is drawn in chunks of this many coordinates, each by its own
+# generator (_random_slice): a rank draws about its own slice, whatever the world size.
+_CHUNK = 1 << 16
+# Chunk c of seed s is drawn from seed s + c × this (mod 2⁶⁴; the golden-ratio increment of
+# SplitMix64). torch's CPU generator (MT19937) keeps the seed's low 32 bits, which then differ
+# for every pair (seed, chunk) with chunks below 2¹⁷ and seeds less than 12 553 apart.
+_WEYL = 0x9E3779B97F4A7C15
 
 
 @dataclass(frozen=True)
@@ -133,22 +140,42 @@ def _norm(shard: CoordinateShard, a: torch.Tensor) -> torch.Tensor:
     return shard.allreduce(_local_norm2(a).reshape(1))[0].sqrt()
 
 
-def _start_vector(shard: CoordinateShard, seed: int) -> torch.Tensor:
-    """This rank's slice of one random unit vector of ``n`` coordinates, the same for every
-    world size (drawn whole from ``seed``, then sliced)."""
-    gen = torch.Generator().manual_seed(seed)
-    full = torch.randn(shard.n, generator=gen, dtype=torch.float64)
-    return shard.local(full / full.norm()).clone()
+def _random_slice(shard: CoordinateShard, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """This rank's coordinates of one standard normal vector of ``n`` coordinates in ``dtype``,
+    the same for every world size: the vector is cut into chunks of :data:`_CHUNK` coordinates,
+    chunk ``c`` drawn whole by its own generator seeded ``seed + c`` × :data:`_WEYL` (mod
+    2⁶⁴), so a rank draws only the chunks its slice meets. Chunk 0's seed is ``seed``: a vector
+    of at most :data:`_CHUNK` coordinates is ``torch.randn(n)`` of that seed."""
+    start, stop = shard.start, shard.stop
+    pieces = []
+    for chunk in range(start // _CHUNK, -(-stop // _CHUNK)):
+        low, high = chunk * _CHUNK, min((chunk + 1) * _CHUNK, shard.n)
+        gen = torch.Generator().manual_seed((seed + chunk * _WEYL) % 2**64)
+        drawn = torch.randn(high - low, generator=gen, dtype=dtype)
+        pieces.append(drawn[max(start, low) - low : min(stop, high) - low])
+    return torch.cat(pieces) if pieces else torch.empty(0, dtype=dtype)
 
 
-def warm_start_vector(shard: CoordinateShard, previous: torch.Tensor, seed: int) -> torch.Tensor:
-    """This rank's slice of the unit vector along the normalized sum of the rows of
-    ``previous`` (the last ESE's Ritz vectors, ``(K, n_r)``) plus :data:`WARM_NOISE` times the
-    seeded random start vector, so that no direction is deficient."""
-    total = previous.sum(dim=0).to(torch.float64)  # summed in V's dtype: one n-vector cast
-    total = total / _norm(shard, total)
-    q = total + WARM_NOISE * _start_vector(shard, seed)
-    return q / _norm(shard, q)
+def _start_vector(shard: CoordinateShard, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """This rank's slice of one random unit vector of ``n`` coordinates in ``dtype``, the same
+    for every world size (:func:`_random_slice`, normalized by its allreduced norm)."""
+    drawn = _random_slice(shard, seed, dtype)
+    return drawn.div_(_norm(shard, drawn).to(dtype))
+
+
+def warm_start_vector(
+    shard: CoordinateShard,
+    previous: torch.Tensor,
+    seed: int,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """This rank's slice (in ``dtype``, the basis') of the unit vector along the normalized sum
+    of the rows of ``previous`` (the last ESE's Ritz vectors, ``(K, n_r)``) plus
+    :data:`WARM_NOISE` times the seeded random start vector, so that no direction is deficient."""
+    total = previous.sum(dim=0).to(dtype)  # summed in V's dtype: one n-vector cast
+    total.div_(_norm(shard, total).to(dtype))
+    q = total.add_(_start_vector(shard, seed, dtype), alpha=WARM_NOISE)
+    return q.div_(_norm(shard, q).to(dtype))
 
 
 def tridiagonal_eigh(
@@ -268,6 +295,7 @@ def lanczos_extremes(
     dtype: torch.dtype = torch.float64,
     reorthogonalize: str = "full",
     product_dtype: torch.dtype | None = None,
+    basis: torch.Tensor | None = None,
 ) -> ExtremeSpectrum:
     """Lanczos on the symmetric operator ``hvp`` (local float64 ``(n_r,)`` slice in, the same
     slice of ``H v`` out; it may communicate) for ``iterations`` steps, or fewer with
@@ -279,7 +307,10 @@ def lanczos_extremes(
     recurrence's coefficients, the tridiagonal matrix and its eigenproblem are float64 always.
     ``reorthogonalize``: ``"full"`` or ``"partial"`` (module docstring); ``product_dtype``: the
     dtype ``hvp`` computes in, when narrower than the basis (its rounding is what the partial
-    scheme's estimates must follow; None: the basis' dtype).
+    scheme's estimates must follow; None: the basis' dtype). ``basis``: an ``(iterations,
+    n_r)`` tensor of ``dtype`` to hold the basis (its rows are overwritten), which a caller
+    keeps between runs so that its pages are not touched for the first time at every run (a
+    fresh basis of hundreds of MB is page-faulted in row by row); None: a new one.
 
     Needs ``k + l <= iterations <= n``. Raises :class:`NonFiniteCurvature` when a product is
     not finite.
@@ -290,10 +321,16 @@ def lanczos_extremes(
             + ", ".join(REORTHOGONALIZATIONS)
         )
     m = iterations
-    basis = torch.empty(m, shard.size, dtype=dtype)  # a row is written before it is read
+    if basis is None:
+        basis = torch.empty(m, shard.size, dtype=dtype)  # a row is written before it is read
+    elif basis.shape != (m, shard.size) or basis.dtype != dtype:
+        raise ValueError(
+            f"basis of shape {tuple(basis.shape)} and {basis.dtype} is invalid: use "
+            f"({m}, {shard.size}) and {dtype}"
+        )
     alphas = torch.zeros(m, dtype=torch.float64)
     betas = torch.zeros(m, dtype=torch.float64)
-    basis[0] = _start_vector(shard, seed) if start is None else start
+    basis[0] = _start_vector(shard, seed, dtype) if start is None else start
     eps = torch.finfo(dtype).eps / 2  # unit roundoff
     # a residual below this fraction of |H| is rounding noise of the basis' dtype
     breakdown = max(_BREAKDOWN, 200 * eps)

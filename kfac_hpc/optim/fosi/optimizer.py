@@ -163,6 +163,7 @@ class FOSI(torch.optim.Optimizer):
         self.late_from: int | None = None
         self.hvp_mode_used: str | None = None
         self.lanczos_basis_bytes = 0
+        self._basis: torch.Tensor | None = None  # keep_basis: the basis, kept between ESEs
         self.last_ese_s = 0.0  # seconds of this rank's last ESE (0 on pipelined trainers)
         # pipelined training ranks: the seconds of every ESE swapped in (this run), as reported
         # by the curvature ranks with the result
@@ -190,7 +191,8 @@ class FOSI(torch.optim.Optimizer):
 
     def memory_usage(self) -> dict[str, int]:
         """Bytes this rank holds: eigenvectors, velocity, base optimizer state, and the Lanczos
-        basis of the last ESE (alive during ESE only)."""
+        basis of the last ESE (alive during ESE only; with ``keep_basis`` resident from the
+        first ESE on)."""
 
         def size(t: torch.Tensor | None) -> int:
             return 0 if t is None else t.element_size() * t.numel()
@@ -473,7 +475,9 @@ class FOSI(torch.optim.Optimizer):
         m = min(o.iterations, self.n)
         start = None  # warm: from the last ESE's V, where this rank holds one
         if o.warm_start and self.vectors is not None and self.vectors.shape[0]:
-            start = warm_start_vector(shard, self.vectors, seed)
+            start = warm_start_vector(shard, self.vectors, seed, basis_dtype)
+        if o.keep_basis and self._basis is None:
+            self._basis = torch.empty(m, shard.size, dtype=basis_dtype)
         try:
             spectrum = lanczos_extremes(
                 operator,
@@ -487,6 +491,7 @@ class FOSI(torch.optim.Optimizer):
                 basis_dtype,
                 o.reorthogonalize,
                 dtype,
+                self._basis,
             )
         except NonFiniteCurvature as exc:
             loss = float("nan") if hvp.loss is None else float(hvp.loss)

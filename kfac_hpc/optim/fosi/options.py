@@ -82,7 +82,8 @@ class FOSIOptions:
     two (``ese_interval.py``; not with ``curvature_ranks``). ``lanczos_dtype``: the Lanczos
     basis and Ritz vectors in float64 or in the parameters' dtype ("training").
     ``reorthogonalize``: "full" (every Lanczos step) or "partial" (only where the basis drifts
-    from orthogonal: lanczos.py).
+    from orthogonal: lanczos.py). ``keep_basis``: the Lanczos basis stays allocated between
+    ESEs (reused, not page-faulted in anew; resident memory is the price).
 
     The defaults and valid ranges of the options the job has too are its option table's
     (contracts/options.py, ``LIBRARY_PARAMETERS``)."""
@@ -109,6 +110,7 @@ class FOSIOptions:
     adaptive_ese: bool = _DEFAULT["adaptive_ese"]
     lanczos_dtype: str = _DEFAULT["lanczos_dtype"]
     reorthogonalize: str = _DEFAULT["reorthogonalize"]
+    keep_basis: bool = _DEFAULT["keep_basis"]
 
     def __post_init__(self) -> None:
         for name in ("k", "l", "alpha", "momentum", "ese_every", "warmup", "lanczos_iters"):
@@ -121,7 +123,7 @@ class FOSIOptions:
         for name in ("clip", "hvp", "curvature_ranks", "max_staleness", "lanczos_tol",
                      "curvature_fraction", "warm_start", "residual_tol", "ese_check",
                      "nonfinite_stop", "adaptive_ese", "lanczos_dtype",
-                     "reorthogonalize"):  # fmt: skip
+                     "reorthogonalize", "keep_basis"):  # fmt: skip
             _check_table(name, getattr(self, name))
         _check(not (self.adaptive_ese and self.curvature_ranks), "adaptive_ese",
                self.adaptive_ese, "False with curvature_ranks > 0 (the pipelined schedule is "
