@@ -19,9 +19,9 @@ the layer's grad workers). The step is walked as the job runs it (``kfac_hpc.tra
 - *after backward*: gradients, the flat gradient buffer of the allreduce (P > 1), the factor
   statistics and their allreduce buckets in flight (COMM-OPT), the eigendecomposition of the
   largest factor a rank owns, the preconditioned gradients;
-- FOSI / DHO2: V, velocity and base state sharded over coordinates, the float64 Lanczos basis
-  (held between ESEs too with ``fosi_keep_basis``) and a Hessian-vector product's graph
-  during an ESE.
+- FOSI / DHO2: V, velocity, base state and the non-finite check's zeros sharded over
+  coordinates, the float64 Lanczos basis (held between ESEs too with ``fosi_keep_basis``) and
+  a Hessian-vector product's graph during an ESE.
 
 A device adds its CUDA context and library workspaces (``[memory]`` table of a profile): the
 bytes the process holds outside the allocator's tensors. See docs/plan.md, "Memory per GPU".
@@ -378,6 +378,7 @@ def _step(
         parts["optimizer"] = _optimizer_bytes(cfg, shard * _F32)
         parts["fosi_vectors"] = pairs * shard * _F32
         parts["fosi_velocity"] = shard * _F32
+        parts["fosi_finite_probe"] = shard * _F32  # the zeros of the non-finite check
         if cfg.fosi_keep_basis:  # the Lanczos basis, resident between ESEs
             parts["fosi_lanczos_basis"] = _lanczos_iters(cfg) * shard * _F64
     held = sum(parts.values())

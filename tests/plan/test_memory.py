@@ -177,7 +177,8 @@ def test_kfac_state_per_rank_follows_where_factors_live() -> None:
 
 def test_fosi_shards_its_state_over_ranks() -> None:
     """FOSI keeps parameters and gradients whole; the base optimizer's momentum, the k
-    eigenvectors and the velocity are sharded: (k + 2) shards of ⌈n / P⌉ floats."""
+    eigenvectors, the velocity and the non-finite check's zeros are sharded: (k + 3) shards
+    of ⌈n / P⌉ floats."""
     shape, classes = INPUTS["digits"]
     n = sum(
         p.numel() for p in build_model(TrainConfig(model="small_cnn"), shape, classes).parameters()
@@ -188,8 +189,11 @@ def test_fosi_shards_its_state_over_ranks() -> None:
         assert parts["parameters"] == parts["gradients"] == 4 * n
         shard = -(-n // ranks)
         assert (
-            parts["optimizer"] + parts["fosi_vectors"] + parts["fosi_velocity"]
-            == (3 + 2) * 4 * shard
+            parts["optimizer"]
+            + parts["fosi_vectors"]
+            + parts["fosi_velocity"]
+            + parts["fosi_finite_probe"]
+            == (3 + 3) * 4 * shard
         )
 
 

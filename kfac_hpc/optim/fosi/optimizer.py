@@ -190,9 +190,9 @@ class FOSI(torch.optim.Optimizer):
         return self.pipeline is not None and self.pipeline.is_curvature
 
     def memory_usage(self) -> dict[str, int]:
-        """Bytes this rank holds: eigenvectors, velocity, base optimizer state, and the Lanczos
-        basis of the last ESE (alive during ESE only; with ``keep_basis`` resident from the
-        first ESE on)."""
+        """Bytes this rank holds: eigenvectors, velocity, base optimizer state, the zeros its
+        non-finite check multiplies the gradient by, and the Lanczos basis of the last ESE
+        (alive during ESE only; with ``keep_basis`` resident from the first ESE on)."""
 
         def size(t: torch.Tensor | None) -> int:
             return 0 if t is None else t.element_size() * t.numel()
@@ -201,6 +201,7 @@ class FOSI(torch.optim.Optimizer):
             "eigenvectors_bytes": size(self.vectors),
             "velocity_bytes": size(self.velocity),
             "base_state_bytes": 0 if self.sharded_base is None else self.sharded_base.state_bytes(),
+            "finite_probe_bytes": size(self._zeros),
             "lanczos_basis_bytes": self.lanczos_basis_bytes,
         }
 
