@@ -23,7 +23,9 @@ bounds every step, so damping and KL clip are its grid), SGD+K-FAC-reduce (the s
 K-FAC's setting), FOSI with an SGD base (k = 10, 20 Lanczos steps,
 an ESE at step 20 and every 200 steps after; at P > 1 it is DHO2: coordinates sharded over the
 ranks), and DHO2 with pipelined curvature (``--curvature-ranks 1``, P > 1 only: one rank
-computes the ESEs, the others train on (P − 1)/P of the global batch).
+computes the ESEs, the others train on (P − 1)/P of the global batch), and FOSI with the cheap
+ESE (``fosi-cheap``, at FOSI's setting: Hessian-vector products on a quarter of each rank's
+batch, a float32 Lanczos basis with partial reorthogonalization).
 
 1. ``--tune``: each method's grid (``METHODS``: lr and momentum for SGD and for FOSI's SGD
    base, damping and KL clip for K-FAC, lr for Adam) at the method's smallest P (1; 2
@@ -31,10 +33,11 @@ computes the ESEs, the others train on (P − 1)/P of the global batch).
    diverged with it at P = 4), once at each of the seeds ``TUNE_SEEDS``, ``--jobs`` runs at a
    time; the setting with the fewest steps to target, median over the seeds (then the
    fewest on average, then the shorter median time), is kept for every P (K-FAC-reduce
-   takes K-FAC's, DHO2 FOSI's; FOSI has its own grid: it scales its SGD base's update by up
-   to 3, so SGD's lr diverges with it); a diverged run counts as not reached (infinitely
-   many steps); rounds measured with a setting no longer chosen are dropped, and so is all
-   a method holds when its grid changed (the other methods' tuning and rounds are kept).
+   takes K-FAC's, DHO2 and FOSI with the cheap ESE FOSI's; FOSI has its own grid: it scales
+   its SGD base's update by up to 3, so SGD's lr diverges with it); a diverged run counts as
+   not reached (infinitely many steps); rounds measured with a setting no longer chosen are
+   dropped, and so is all a method holds when its grid changed (the other methods' tuning and
+   rounds are kept; adding or removing a method without a grid of its own changes none).
 2. ``--round R``: every method at each of ``--ranks`` once, the order rotating from round to
    round (``harness.rotation``), so machine noise hits all alike; a stored (round, P, method)
    is replaced.
@@ -91,6 +94,10 @@ KFAC = ["--kfac", "--factor-update-steps", "10", "--inv-update-steps", "100"]
 KFAC += ["--compute-method", "inverse"]
 FOSI = ["--fosi", "--fosi-k", "10", "--lanczos-iters", "20", "--fosi-warmup", "20"]
 FOSI += ["--ese-every", "200", "--fosi-alpha", "0.01"]
+# the cheap ESE: products on a quarter of the batch, a basis in the parameters' dtype (float32)
+# reorthogonalized only where it drifts
+CHEAP_ESE = ["--fosi-curvature-fraction", "0.25", "--fosi-lanczos-dtype", "training"]
+CHEAP_ESE += ["--fosi-reorthogonalize", "partial"]
 # a grid point: job options (names as in the job's config) and their values
 Setting = dict[str, float]
 # every grid point runs at each of these seeds; the choice takes the medians over them (one
@@ -117,6 +124,7 @@ METHODS: dict[str, tuple[list[str], tuple[Setting, ...] | str, int]] = {
     "sgd+kfac-reduce": ([*KFAC, "--kfac-approx", "reduce"], "sgd+kfac", 1),
     # FOSI scales the SGD update by up to --fosi-clip (3): SGD's lr diverges with it
     "fosi": (FOSI, grid(lr=(0.05, 0.1, 0.2), momentum=(0.9, 0.95)), 1),
+    "fosi-cheap": ([*FOSI, *CHEAP_ESE], "fosi", 1),
     # its curvature is a step behind: tuned on its own, at its smallest P
     "dho2-pipelined": ([*FOSI, "--curvature-ranks", "1"], grid(lr=(0.1,), momentum=(0.9, 0.95)), 2),
 }
@@ -124,6 +132,12 @@ METHODS: dict[str, tuple[list[str], tuple[Setting, ...] | str, int]] = {
 # what --tune searched, as stored (a method whose grid changed is tuned afresh)
 GRIDS = json.loads(json.dumps({m: g for m, (_, g, _) in METHODS.items()}))
 GRIDS["__tune_seeds__"] = list(TUNE_SEEDS)
+
+
+def searched(grids: dict[str, Any]) -> dict[str, Any]:
+    """The grids that were searched: a method that takes another's setting searched none, so
+    adding or removing one leaves the stored tuning and rounds valid."""
+    return {m: g for m, g in grids.items() if not isinstance(g, str)}
 
 
 def as_flags(setting: Setting) -> list[str]:
@@ -198,8 +212,8 @@ def load_results(fresh_task: bool = False) -> dict[str, Any]:
     if not RESULTS.exists() and old.exists() and "harness" not in json.loads(old.read_text()):
         old.replace(RESULTS)
     stored: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    if stored.get("task") == TASK and stored.get("grids") == GRIDS:
-        return stored
+    if stored.get("task") == TASK and searched(stored["grids"]) == searched(GRIDS):
+        return {**stored, "grids": GRIDS}
     if stored and not fresh_task:
         sys.exit(f"{RESULTS.name} holds another task or grid: run --tune first")
     if stored.get("task") != TASK or stored["grids"].get("__tune_seeds__") != list(TUNE_SEEDS):
