@@ -25,7 +25,8 @@ an ESE at step 20 and every 200 steps after; at P > 1 it is DHO2: coordinates sh
 ranks), and DHO2 with pipelined curvature (``--curvature-ranks 1``, P > 1 only: one rank
 computes the ESEs, the others train on (P − 1)/P of the global batch), and FOSI with the cheap
 ESE (``fosi-cheap``, at FOSI's setting: Hessian-vector products on a quarter of each rank's
-batch, a float32 Lanczos basis with partial reorthogonalization).
+batch, a float32 Lanczos basis with partial reorthogonalization), and the same with its first
+ESE only (``fosi-cheap-once``: the interval set to the step cap, so one ESE, at step 20).
 
 1. ``--tune``: each method's grid (``METHODS``: lr and momentum for SGD and for FOSI's SGD
    base, damping and KL clip for K-FAC, lr for Adam) at the method's smallest P (1; 2
@@ -33,7 +34,7 @@ batch, a float32 Lanczos basis with partial reorthogonalization).
    diverged with it at P = 4), once at each of the seeds ``TUNE_SEEDS``, ``--jobs`` runs at a
    time; the setting with the fewest steps to target, median over the seeds (then the
    fewest on average, then the shorter median time), is kept for every P (K-FAC-reduce
-   takes K-FAC's, DHO2 and FOSI with the cheap ESE FOSI's; FOSI has its own grid: it scales
+   takes K-FAC's, DHO2 and both FOSIs with the cheap ESE FOSI's; FOSI has its own grid: it scales
    its SGD base's update by up to 3, so SGD's lr diverges with it); a diverged run counts as
    not reached (infinitely many steps); rounds measured with a setting no longer chosen are
    dropped, and so is all a method holds when its grid changed (the other methods' tuning and
@@ -125,6 +126,8 @@ METHODS: dict[str, tuple[list[str], tuple[Setting, ...] | str, int]] = {
     # FOSI scales the SGD update by up to --fosi-clip (3): SGD's lr diverges with it
     "fosi": (FOSI, grid(lr=(0.05, 0.1, 0.2), momentum=(0.9, 0.95)), 1),
     "fosi-cheap": ([*FOSI, *CHEAP_ESE], "fosi", 1),
+    # the cheap ESE once, at step 20: no second ESE before the target (~300 steps)
+    "fosi-cheap-once": ([*FOSI, *CHEAP_ESE, "--ese-every", str(MAX_STEPS)], "fosi", 1),
     # its curvature is a step behind: tuned on its own, at its smallest P
     "dho2-pipelined": ([*FOSI, "--curvature-ranks", "1"], grid(lr=(0.1,), momentum=(0.9, 0.95)), 2),
 }
