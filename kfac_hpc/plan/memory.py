@@ -412,16 +412,17 @@ def _step(
     if cfg.method == "fosi":
         shard = math.ceil(params / _F32 / cfg.ranks)
         basis = 0 if cfg.fosi_keep_basis else _lanczos_iters(cfg) * shard * _F64
-        # an ESE: the float64 Lanczos basis (already held with fosi_keep_basis); a
-        # forward-over-reverse Hessian-vector product holds the forward's saved tensors, their
-        # tangents and the gradient's (3 × saved),
-        # and full-length vectors (the gathered Lanczos vector, the product and its tangent,
-        # the float64 iterate and its residual: 7 × the parameters' bytes). Read from
-        # measured ESEs of resnet20 and mlp (docs/plan.md), not line by line from the code.
+        # an ESE: the float64 Lanczos basis (already held with fosi_keep_basis); the
+        # double-backward Hessian-vector product (the default route) holds the forward's saved
+        # tensors and the gradient's graph (2 × saved) and full-length vectors (6 × the
+        # parameters' bytes: the gradient, the gathered Lanczos vector, the product, their
+        # float64 slices). Whole counts read from measured ESEs of the MLP, resnet20 and the
+        # small CNN (docs/plan.md), not line by line from the code; the forward-over-reverse
+        # route (not modelled) read 3 × saved and 7 × the parameters.
         # On a CPU the product's convolutions unfold their input (PyTorch's slow_conv2d keeps
         # an im2col buffer): the largest convolution's adds n_in x output positions per sample.
         unfold = 0 if cuda else max((_im2col_bytes(m) for m in trace.modules), default=0)
-        moments["ese"] = held + basis + 3 * saved + 7 * params + unfold * cfg.local_batch
+        moments["ese"] = held + basis + 2 * saved + 6 * params + unfold * cfg.local_batch
     return StepMemory(cfg, rank, moments, parts, device_bytes)
 
 
