@@ -414,11 +414,11 @@ def _step(
         basis = 0 if cfg.fosi_keep_basis else _lanczos_iters(cfg) * shard * _F64
         # an ESE: the float64 Lanczos basis (already held with fosi_keep_basis); the
         # double-backward Hessian-vector product (the default route) holds the forward's saved
-        # tensors and the gradient's graph (2 × saved) and full-length vectors (6 × the
-        # parameters' bytes: the gradient, the gathered Lanczos vector, the product, their
-        # float64 slices). Whole counts read from measured ESEs of the MLP, resnet20 and the
-        # small CNN (docs/plan.md), not line by line from the code; the forward-over-reverse
-        # route (not modelled) read 3 × saved and 7 × the parameters.
+        # tensors and the gradient's graph (2 × saved) and full-length vectors (the gradient,
+        # the gathered Lanczos vector, the product and the rest: 6 × the parameters' bytes).
+        # Whole counts read from measured ESEs of the MLP, resnet20 and the small CNN
+        # (docs/plan.md), not line by line from the code; the forward-over-reverse route (not
+        # modelled) read 3 × saved and 7 × the parameters.
         # On a CPU the product's convolutions unfold their input (PyTorch's slow_conv2d keeps
         # an im2col buffer): the largest convolution's adds n_in x output positions per sample.
         unfold = 0 if cuda else max((_im2col_bytes(m) for m in trace.modules), default=0)
