@@ -44,11 +44,24 @@ _JOB_OPTIONS = {
     "scaling": "scaling",
     "fosi_k": "fosi_k",
     "ese_every": "ese_every",
+    "fosi_curvature_fraction": "fosi_curvature_fraction",
+    "fosi_lanczos_dtype": "fosi_lanczos_dtype",
+    "fosi_reorthogonalize": "fosi_reorthogonalize",
+    "fosi_keep_basis": "fosi_keep_basis",
     "factor_update_steps": "factor_update_steps",
     "inv_update_steps": "inv_update_steps",
     "bucket_mb": "allreduce_bucket_cap_mb",
     "steps": "steps",
 }
+# the FOSI flags, PlanConfig's fields of the same names
+_FOSI_FLAGS = (
+    "fosi_k",
+    "ese_every",
+    "fosi_curvature_fraction",
+    "fosi_lanczos_dtype",
+    "fosi_reorthogonalize",
+    "fosi_keep_basis",
+)
 _RANKS_PER_NODE = next(f for f in PROFILE_FIELDS if f.name == "network.ranks_per_node")
 _PLOT_FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg"}
 # plan's hardware profile was --profile, the word the sweep uses for its site profile
@@ -72,8 +85,11 @@ def _job_flag(field: str, note: str = "") -> Callable[[Callable[..., Any]], Call
     if option.plan_default is not None:
         train = "none" if option.default is None else option.default
         text += f" kfac-hpc train's default: {train}."
-    kind = {"int": int, "float": float}.get(option.kind, str)
     flag = "--" + field.replace("_", "-")
+    if option.kind == "bool":  # as kfac-hpc train spells it
+        decls = f"{flag}/--no-{flag[2:]}"
+        return click.option(decls, default=plan_default(field), show_default=True, help=text)
+    kind = {"int": int, "float": float}.get(option.kind, str)
     return click.option(flag, type=kind, default=plan_default(field), show_default=True, help=text)
 
 
@@ -166,6 +182,10 @@ def _outputs(o: dict[str, Any]) -> tuple[Path | None, Path | None]:
 )
 @_job_flag("fosi_k", " (--methods fosi)")
 @_job_flag("ese_every", " (--methods fosi)")
+@_job_flag("fosi_curvature_fraction", " (--methods fosi)")
+@_job_flag("fosi_lanczos_dtype", " (--methods fosi)")
+@_job_flag("fosi_reorthogonalize", " (--methods fosi)")
+@_job_flag("fosi_keep_basis", " (--methods fosi)")
 @_job_flag("factor_update_steps")
 @_job_flag("inv_update_steps")
 @_job_flag("bucket_mb")
@@ -261,8 +281,7 @@ def _plan(**o: Any) -> None:
         o["factor_update_steps"],
         o["inv_update_steps"],
         o["bucket_mb"],
-        o["fosi_k"],
-        o["ese_every"],
+        **{field: o[field] for field in _FOSI_FLAGS},
     )
     for pred in predictions:
         if not all(math.isfinite(v) for v in (pred.step_s, pred.memory_bytes)):

@@ -26,7 +26,9 @@ _STRATEGIES = {
 
 
 def config_of_run(config: dict[str, Any]) -> PlanConfig:
-    """The plan configuration of a run's ``config.json`` (resolved, with ``world_size``).
+    """The plan configuration of a run's ``config.json`` (resolved, with ``world_size``),
+    its FOSI options (the ESE's curvature fraction, basis dtype, reorthogonalization, kept
+    basis) included.
 
     A numeric ``grad_worker_fraction`` maps to the named strategy it equals (1 → comm-opt,
     0.5 → hybrid-opt, 1/P → mem-opt); other fractions raise ``ValueError``.
@@ -57,6 +59,10 @@ def config_of_run(config: dict[str, Any]) -> PlanConfig:
         int(_get(config, "fosi_l")),
         int(_get(config, "ese_every")),
         _get(config, "lanczos_iters"),
+        fosi_curvature_fraction=float(_get(config, "fosi_curvature_fraction")),
+        fosi_lanczos_dtype=str(_get(config, "fosi_lanczos_dtype")),
+        fosi_reorthogonalize=str(_get(config, "fosi_reorthogonalize")),
+        fosi_keep_basis=bool(_get(config, "fosi_keep_basis")),
     )
 
 

@@ -20,8 +20,9 @@ the layer's grad workers). The step is walked as the job runs it (``kfac_hpc.tra
   statistics and their allreduce buckets in flight (COMM-OPT), the eigendecomposition of the
   largest factor a rank owns, the preconditioned gradients;
 - FOSI / DHO2: V, velocity, base state and the non-finite check's zeros sharded over
-  coordinates, the float64 Lanczos basis (held between ESEs too with ``fosi_keep_basis``) and
-  a Hessian-vector product's graph during an ESE.
+  coordinates, the Lanczos basis in ``fosi_lanczos_dtype`` (held between ESEs too with
+  ``fosi_keep_basis``) and a Hessian-vector product's graph on the curvature batch (the leading
+  ``fosi_curvature_fraction`` of the local batch) during an ESE.
 
 A device adds its CUDA context and library workspaces (``[memory]`` table of a profile): the
 bytes the process holds outside the allocator's tensors. See docs/plan.md, "Memory per GPU".
@@ -45,6 +46,8 @@ from kfac_hpc.contracts.options import OPTIONS
 from kfac_hpc.contracts.textfile import read_user_text
 from kfac_hpc.contracts.workload_names import BUILTIN_MODELS
 from kfac_hpc.optim.factor_reduction import OWNER_BUCKET_CAP_MB, OWNER_IN_FLIGHT_MB
+from kfac_hpc.optim.fosi.curvature_batch import subset_size
+from kfac_hpc.optim.fosi.options import lanczos_basis_dtype, lanczos_steps
 from kfac_hpc.optim.layers import Conv2dLayer, KFACLayer, make_layer
 from kfac_hpc.optim.options import KFACOptions
 from kfac_hpc.plan.errors import PlanInputError, shown
@@ -57,12 +60,12 @@ __all__ = [
     "MemoryConfig",
     "MemoryModel",
     "StepMemory",
+    "basis_element_bytes",
     "device_memory",
     "preconditioner_assignment",
 ]
 
 _F32 = 4
-_F64 = 8
 _MIB = 2**20
 # the job's CPU chunk budgets and GPU per-sample product budget (kfac_hpc/optim/layers.py)
 _CPU_CHUNK_BYTES = 4 << 20
@@ -130,13 +133,20 @@ class MemoryConfig:
     momentum: float = float(OPTIONS["momentum"].default)
     fosi_k: int = int(OPTIONS["fosi_k"].default)
     fosi_l: int = int(OPTIONS["fosi_l"].default)
-    lanczos_iters: int | None = None
+    lanczos_iters: int | None = OPTIONS["lanczos_iters"].default
     grad_worker_fraction: float | None = None  # None: the strategy's (comm-opt 1, ...)
     fosi_keep_basis: bool = bool(OPTIONS["fosi_keep_basis"].default)
+    fosi_lanczos_dtype: str = str(OPTIONS["fosi_lanczos_dtype"].default)
+    fosi_curvature_fraction: float = float(OPTIONS["fosi_curvature_fraction"].default)
 
     @property
     def strategy(self) -> str | None:
         return self.method[len("kfac-") :] if self.method.startswith("kfac-") else None
+
+    @property
+    def curvature_batch(self) -> int:
+        """The samples an ESE's products differentiate: the leading ⌈f · local batch⌉."""
+        return subset_size(self.local_batch, self.fosi_curvature_fraction)
 
 
 @dataclass(frozen=True)
@@ -198,6 +208,7 @@ class MemoryModel:
         workspaces; None: this machine's CPU)."""
         cuda = device.cuda if device is not None else False
         trace = self.trace(cfg.local_batch)
+        curvature = self.trace(cfg.curvature_batch) if cfg.method == "fosi" else trace
         extra = device.context_bytes + device.workspace_bytes if device is not None else 0.0
         best: StepMemory | None = None
         ranks = [0]
@@ -214,7 +225,7 @@ class MemoryModel:
                 }
             )
         for rank in ranks:
-            step = _step(trace, cfg, rank, assignment, cuda, extra)
+            step = _step(trace, curvature, cfg, rank, assignment, cuda, extra)
             if best is None or step.peak_bytes > best.peak_bytes:
                 best = step
         assert best is not None
@@ -348,13 +359,21 @@ def _kfac_moments(
     }
 
 
-def _lanczos_iters(cfg: MemoryConfig) -> int:
-    """FOSI's Lanczos steps m (4(k + l) unless given)."""
-    return cfg.lanczos_iters if cfg.lanczos_iters is not None else 4 * (cfg.fosi_k + cfg.fosi_l)
+def basis_element_bytes(lanczos_dtype: str) -> int:
+    """Bytes of one coordinate of the Lanczos basis in ``lanczos_dtype`` (float64: 8;
+    training: the parameters' float32, 4)."""
+    return lanczos_basis_dtype(lanczos_dtype, torch.float32).itemsize
+
+
+def _basis_bytes(cfg: MemoryConfig, shard: int) -> float:
+    """This rank's Lanczos basis: m rows of its ``shard`` coordinates in the basis' dtype."""
+    steps = lanczos_steps(cfg.fosi_k, cfg.fosi_l, cfg.lanczos_iters)
+    return float(steps * shard * basis_element_bytes(cfg.fosi_lanczos_dtype))
 
 
 def _step(
     trace: _Trace,
+    curvature: _Trace,
     cfg: MemoryConfig,
     rank: int,
     assignment: KAISAAssignment | None,
@@ -380,7 +399,7 @@ def _step(
         parts["fosi_velocity"] = shard * _F32
         parts["fosi_finite_probe"] = shard * _F32  # the zeros of the non-finite check
         if cfg.fosi_keep_basis:  # the Lanczos basis, resident between ESEs
-            parts["fosi_lanczos_basis"] = _lanczos_iters(cfg) * shard * _F64
+            parts["fosi_lanczos_basis"] = _basis_bytes(cfg, shard)
     held = sum(parts.values())
     saved = trace.saved_bytes
     moments = {"forward_end": held + trace.batch_bytes + saved}
@@ -411,18 +430,19 @@ def _step(
         moments["grad_allreduce"] = held + params
     if cfg.method == "fosi":
         shard = math.ceil(params / _F32 / cfg.ranks)
-        basis = 0 if cfg.fosi_keep_basis else _lanczos_iters(cfg) * shard * _F64
-        # an ESE: the float64 Lanczos basis (already held with fosi_keep_basis); the
-        # double-backward Hessian-vector product (the default route) holds the forward's saved
-        # tensors and the gradient's graph (2 × saved) and full-length vectors (the gradient,
-        # the gathered Lanczos vector, the product and the rest: 6 × the parameters' bytes).
-        # Whole counts read from measured ESEs of the MLP, resnet20 and the small CNN
+        basis = 0.0 if cfg.fosi_keep_basis else _basis_bytes(cfg, shard)
+        # an ESE: the Lanczos basis (already held with fosi_keep_basis); the double-backward
+        # Hessian-vector product (the default route) on the curvature batch holds its forward's
+        # saved tensors and the gradient's graph (2 × saved) and full-length vectors (the
+        # gradient, the gathered Lanczos vector, the product and the rest: 6 × the parameters'
+        # bytes). Whole counts read from measured ESEs of the MLP, resnet20 and the small CNN
         # (docs/plan.md), not line by line from the code; the forward-over-reverse route (not
         # modelled) read 3 × saved and 7 × the parameters.
         # On a CPU the product's convolutions unfold their input (PyTorch's slow_conv2d keeps
         # an im2col buffer): the largest convolution's adds n_in x output positions per sample.
         unfold = 0 if cuda else max((_im2col_bytes(m) for m in trace.modules), default=0)
-        moments["ese"] = held + basis + 2 * saved + 6 * params + unfold * cfg.local_batch
+        graph = 2 * curvature.saved_bytes
+        moments["ese"] = held + basis + graph + 6 * params + unfold * cfg.curvature_batch
     return StepMemory(cfg, rank, moments, parts, device_bytes)
 
 

@@ -15,15 +15,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kfac_hpc.comm.assignment import KAISAAssignment
 from kfac_hpc.contracts import PHASES
+from kfac_hpc.contracts.options import OPTIONS
+from kfac_hpc.optim.fosi.curvature_batch import subset_size
+from kfac_hpc.optim.fosi.options import lanczos_steps
 from kfac_hpc.plan.compute_costs import ComputeCosts
 from kfac_hpc.plan.layers import LayerShape, ModelShape
 from kfac_hpc.plan.memory import (
     DeviceMemory,
     MemoryConfig,
     MemoryModel,
+    basis_element_bytes,
     preconditioner_assignment,
 )
 from kfac_hpc.plan.overhead import JobOverhead
@@ -47,13 +52,26 @@ __all__ = [
 METHODS = ("sgd", "kfac-comm-opt", "kfac-hybrid-opt", "kfac-mem-opt")
 ALL_METHODS = (*METHODS, "fosi")  # FOSI / DHO2 on request (--methods): not in the default
 _FLOAT_BYTES = 4
+# A Lanczos step's passes over this rank's coordinates in the basis' dtype, either mode
+# (lanczos.py): ⟨Hq, q⟩ and ‖Hq‖² (3 reads), the recurrence's two updates of w (3 each), the
+# residual's norm (1) and the new basis row (a read and a write).
+_STEP_PASSES = 12
+# A reorthogonalization pass's own passes over w besides its two reads of the basis: the
+# projection's read of w, the correction written, then subtracted (3), the new norm (1).
+_REORTH_PASSES = 6
+
+
+def _fosi_default(name: str) -> Any:
+    """The job's default of FOSI option ``name`` (contracts/options.py)."""
+    return OPTIONS[name].default
 
 
 @dataclass(frozen=True)
 class PlanConfig:
     """One configuration: ``method`` of METHODS at ``ranks`` ranks; ``batch_size`` is the
     global batch split over the ranks (``strong``) or the batch of each rank (``weak``), as in
-    ``kfac-hpc train``."""
+    ``kfac-hpc train``; the rest are the job's options of those names, with its defaults (the
+    FOSI ones priced as ``CostModel._fosi`` says)."""
 
     method: str
     ranks: int
@@ -62,11 +80,15 @@ class PlanConfig:
     factor_update_steps: int = 10
     inv_update_steps: int = 100
     bucket_mb: float = 25.0
-    fosi_k: int = 10
-    fosi_l: int = 0
-    ese_every: int = 100
-    lanczos_iters: int | None = None
+    fosi_k: int = _fosi_default("fosi_k")
+    fosi_l: int = _fosi_default("fosi_l")
+    ese_every: int = _fosi_default("ese_every")
+    lanczos_iters: int | None = _fosi_default("lanczos_iters")
     grad_worker_fraction: float | None = None  # None: the strategy's (comm-opt 1, ...)
+    fosi_curvature_fraction: float = _fosi_default("fosi_curvature_fraction")
+    fosi_lanczos_dtype: str = _fosi_default("fosi_lanczos_dtype")
+    fosi_reorthogonalize: str = _fosi_default("fosi_reorthogonalize")
+    fosi_keep_basis: bool = _fosi_default("fosi_keep_basis")
 
     @property
     def kfac(self) -> bool:
@@ -79,6 +101,21 @@ class PlanConfig:
     @property
     def local_batch(self) -> int:
         return self.batch_size if self.scaling == "weak" else max(1, self.batch_size // self.ranks)
+
+    @property
+    def curvature_share(self) -> float:
+        """The share of the local batch an ESE's products differentiate (the job's leading
+        ⌈f · B⌉ rows, at least one; f = ``fosi_curvature_fraction``)."""
+        return subset_size(self.local_batch, self.fosi_curvature_fraction) / self.local_batch
+
+    def memory_config(self) -> MemoryConfig:
+        """The memory model's point of this configuration (its FOSI options included)."""
+        return MemoryConfig(
+            self.method, self.ranks, self.local_batch, fosi_k=self.fosi_k, fosi_l=self.fosi_l,
+            lanczos_iters=self.lanczos_iters, grad_worker_fraction=self.grad_worker_fraction,
+            fosi_keep_basis=self.fosi_keep_basis, fosi_lanczos_dtype=self.fosi_lanczos_dtype,
+            fosi_curvature_fraction=self.fosi_curvature_fraction,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -246,11 +283,7 @@ class CostModel:
             self._fosi(cfg, phases, slow, backward)
         if cfg.kfac:
             self._kfac(cfg, phases, slow)
-        point = MemoryConfig(
-            cfg.method, cfg.ranks, cfg.local_batch, fosi_k=cfg.fosi_k, fosi_l=cfg.fosi_l,
-            lanczos_iters=cfg.lanczos_iters, grad_worker_fraction=cfg.grad_worker_fraction,
-        )  # fmt: skip
-        memory = self.memory.predict(point, self.device).peak_bytes
+        memory = self.memory.predict(cfg.memory_config(), self.device).peak_bytes
         # outside every phase: the job's bookkeeping and the preconditioner's own bookkeeping
         # around its timed phases
         other = self.host.job.step_s * slow
@@ -346,10 +379,25 @@ class CostModel:
         self, cfg: PlanConfig, phases: dict[str, float], slow: float, backward: float
     ) -> None:
         """FOSI / DHO2 (docs/fosi.md): fill ``optimizer`` and ``ese``. Vectors and base state
-        are sharded over coordinates (n/P per rank)."""
+        are sharded over coordinates (n/P per rank).
+
+        The ESE as the job runs it from its options: m = ``lanczos_steps`` Lanczos steps
+        (capped at n), each a Hessian-vector product on the curvature batch, the leading
+        ⌈``fosi_curvature_fraction`` · B⌉ rows of the local batch B: ≈ 2 backward passes at B
+        times that share (per-kernel costs shrink with it too, so small shares read low); the
+        vector gathered and the product reduce-scattered in the parameters' dtype; the step's
+        passes over the shard in the basis' dtype (``fosi_lanczos_dtype``: 8 or 4 bytes; a
+        float64 basis adds the casts to and from the parameters' float32).
+        ``fosi_reorthogonalize``: ``full`` passes over the basis at every step (step j reads its
+        j + 1 rows twice; DGKS's rare second pass not priced); ``partial`` passes only where
+        the basis drifts from orthogonal, which follows the wanted pairs' convergence and
+        cannot be told beforehand: priced as no pass (the fewest it makes; 0-4 of 40 measured,
+        docs/fosi.md). Likewise ``lanczos_tol``'s early stop is not predicted: all m steps are
+        priced. ``fosi_keep_basis`` changes memory only (a fresh basis' first-touch page faults
+        are not priced)."""
         p, n = cfg.ranks, self.shape.params
         pairs = cfg.fosi_k + cfg.fosi_l
-        iters = cfg.lanczos_iters if cfg.lanczos_iters is not None else 4 * pairs
+        iters = min(lanczos_steps(cfg.fosi_k, cfg.fosi_l, cfg.lanczos_iters), n)
         vector = n * _FLOAT_BYTES
         # a gather / reduce-scatter of n bytes moves half of what an allreduce of n bytes does
         half_allreduce = 0.5 * collective_s(self.network, "allreduce", vector, p)
@@ -360,15 +408,30 @@ class CostModel:
         phases["optimizer"] = slow * (self.compute.optimizer_s(cfg.local_batch) / p + project)
         phases["optimizer"] += collective_s(self.network, "allreduce", pairs * 4, p)
         phases["optimizer"] += half_allreduce
-        # every ese_every steps: Lanczos, each iteration a Hessian-vector product (≈ 2
-        # backward passes) on the local batch, the vector gathered and the product
-        # reduce-scattered, and full reorthogonalization against the earlier vectors
-        reorth = sum(2 * j * vector / p for j in range(iters)) / rate
-        hvp = 2 * backward
-        ese = slow * (iters * hvp + reorth) + iters * (
-            2 * half_allreduce + collective_s(self.network, "allreduce", 8, p)
-        )
+        # every ese_every steps: the Lanczos steps
+        hvp = 2 * backward * cfg.curvature_share
+        traffic, collectives = self._lanczos_steps(cfg, iters)
+        ese = slow * (iters * hvp + traffic / rate) + iters * 2 * half_allreduce + collectives
         phases["ese"] = ese / cfg.ese_every
+
+    def _lanczos_steps(self, cfg: PlanConfig, iters: int) -> tuple[float, float]:
+        """(bytes of elementwise traffic, seconds of collectives) of ``iters`` Lanczos steps
+        outside their products, as lanczos.py runs them in ``cfg``'s basis dtype and
+        reorthogonalization mode."""
+        p, shard = cfg.ranks, self.shape.params / cfg.ranks
+        width = basis_element_bytes(cfg.fosi_lanczos_dtype)
+        # a float64 basis: the vector cast to the parameters' dtype for the product, the
+        # product cast back (a read and a write each)
+        casts = 0 if width == _FLOAT_BYTES else 2 * (width + _FLOAT_BYTES)
+        traffic = iters * shard * (_STEP_PASSES * width + casts)
+        # each step: ⟨Hq, q⟩ and ‖Hq‖² in one allreduce of 2 float64, the residual's norm in one
+        one = collective_s(self.network, "allreduce", 8, p)
+        collectives = iters * (collective_s(self.network, "allreduce", 16, p) + one)
+        if cfg.fosi_reorthogonalize == "full":
+            for j in range(iters):  # the basis' j + 1 rows read twice, j + 1 coefficients
+                traffic += shard * width * (2 * (j + 1) + _REORTH_PASSES)
+                collectives += collective_s(self.network, "allreduce", 8 * (j + 1), p) + one
+        return traffic, collectives
 
     def _memory_rate(self, batch: int) -> float:
         """Bytes per second of elementwise traffic: the optimizer's (5 × 4 bytes per

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kfac_hpc.plan.compute_costs import MeasuredCompute, RatedCompute
 from kfac_hpc.plan.errors import PlanInputError
@@ -82,10 +83,11 @@ def predict_all(
     factor_update_steps: int,
     inv_update_steps: int,
     bucket_mb: float,
-    fosi_k: int = 10,
-    ese_every: int = 100,
+    **fosi: Any,
 ) -> list[Prediction]:
-    """Every (ranks, method) pair; hybrid-opt is skipped at odd rank counts > 1 (undefined)."""
+    """Every (ranks, method) pair; hybrid-opt is skipped at odd rank counts > 1 (undefined).
+    ``fosi``: PlanConfig's FOSI fields by name (``fosi_k``, ``ese_every``,
+    ``fosi_curvature_fraction``, ...); the job's defaults for those left out."""
     for method in methods:
         if method not in ALL_METHODS:
             raise PlanInputError("methods", f"{method!r} is not one of {', '.join(ALL_METHODS)}")
@@ -108,8 +110,7 @@ def predict_all(
                 factor_update_steps,
                 inv_update_steps,
                 bucket_mb,
-                fosi_k=fosi_k,
-                ese_every=ese_every,
+                **fosi,
             )
             out.append(planned.model.predict(cfg))
     return out

@@ -251,6 +251,11 @@ def test_a_good_profile_prints_finite_times(tmp_path: Path) -> None:
         (["--fosi-k", "0"], "--fosi-k"),
         (["--ese-every", "2147483648"], "--ese-every"),
         (["--ese-every", "0"], "--ese-every"),
+        (["--fosi-curvature-fraction", "0"], "--fosi-curvature-fraction"),
+        (["--fosi-curvature-fraction", "1.5"], "--fosi-curvature-fraction"),
+        (["--fosi-curvature-fraction", "nan"], "--fosi-curvature-fraction"),
+        (["--fosi-lanczos-dtype", "float16"], "--fosi-lanczos-dtype"),
+        (["--fosi-reorthogonalize", "sometimes"], "--fosi-reorthogonalize"),
         (["--bucket-mb", "inf"], "--bucket-mb"),
         (["--bucket-mb", "nan"], "--bucket-mb"),
         (["--bucket-mb", "0"], "--bucket-mb"),
@@ -417,3 +422,55 @@ def test_the_transformer_workload_is_refused_in_one_line_before_any_work(
     result = plan("--model", "gpt", "--dataset", "generated_text")
     assert_bad(result, "--model", "transformer workload")
     assert list(tmp_path.iterdir()) == []
+
+
+# --- 7. FOSI's ESE options, as the job spells them ------------------------------------------
+
+_ESE_FLAGS = (
+    "--fosi-curvature-fraction",
+    "--fosi-lanczos-dtype",
+    "--fosi-reorthogonalize",
+    "--fosi-keep-basis",
+)
+
+
+def test_the_ese_flags_are_the_jobs() -> None:
+    """plan's ESE flags are kfac-hpc train's, each with its negation where the job has one."""
+    from kfac_hpc.plan.cli import plan as plan_command
+    from kfac_hpc.train.cli import train
+
+    def spelled(command: object) -> set[str]:
+        params = command.params  # type: ignore[attr-defined]
+        return {o for p in params for o in (*p.opts, *p.secondary_opts)}
+
+    job, ours = spelled(train), spelled(plan_command)
+    for flag in (*_ESE_FLAGS, "--no-fosi-keep-basis", "--fosi-k", "--ese-every"):
+        assert flag in ours and flag in job, flag
+
+
+def test_the_ese_flags_reach_the_cost_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given, the ESE's options are the predicted configurations'; left out, the job's
+    defaults."""
+    from kfac_hpc.plan import planner
+
+    seen = []
+    original = planner.predict_all
+
+    def recording(*args: object, **kwargs: object) -> list:
+        out = original(*args, **kwargs)  # type: ignore[arg-type]
+        seen.extend(p.config for p in out)
+        return out
+
+    monkeypatch.setattr(planner, "predict_all", recording)
+    fosi = ["--methods", "fosi", "--ranks", "2"]
+    chosen = ["--fosi-curvature-fraction", "0.25", "--fosi-lanczos-dtype", "training"]
+    chosen += ["--fosi-reorthogonalize", "partial", "--fosi-keep-basis"]
+    result = plan(*CHEAP[:6], *fosi, *chosen)
+    assert result.exit_code == 0, result.stderr
+    result = plan(*CHEAP[:6], *fosi)
+    assert result.exit_code == 0, result.stderr
+    given, default = seen
+    assert (given.fosi_curvature_fraction, given.fosi_lanczos_dtype) == (0.25, "training")
+    assert (given.fosi_reorthogonalize, given.fosi_keep_basis) == ("partial", True)
+    assert (default.fosi_curvature_fraction, default.fosi_lanczos_dtype) == (1.0, "float64")
+    assert (default.fosi_reorthogonalize, default.fosi_keep_basis) == ("full", False)

@@ -86,3 +86,33 @@ def test_plan_explain_of_a_folder_without_runs_is_bad_input(tmp_path: Path) -> N
     assert result.exit_code == 2
     assert result.stderr.startswith("kfac-hpc plan: error: --explain:")
     assert not (tmp_path / PREDICTED).exists()
+
+
+def test_plan_explain_prices_a_fosi_runs_ese_options(tmp_path: Path) -> None:
+    """--explain prices a FOSI run's ESE with the options its config.json records (curvature
+    fraction, basis dtype, reorthogonalization, kept basis), not the job's defaults."""
+    ese = {
+        "fosi_curvature_fraction": 0.25,
+        "fosi_lanczos_dtype": "training",
+        "fosi_reorthogonalize": "partial",
+        "fosi_keep_basis": True,
+    }
+    config = {"world_size": 2, "fosi": True, "kfac": False, "batch_size": 32, "scaling": "weak"}
+    config |= {"model": "small_cnn", "dataset": "digits", "fosi_k": 3}
+    for name, options in (("cheap", ese), ("default", {})):
+        run_dir = tmp_path / "sweep" / name
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.json").write_text(json.dumps(config | options))
+        (run_dir / "run.json").write_text(json.dumps({"phases_s": {}}))
+    result = CliRunner().invoke(
+        main, ["plan", "--explain", str(tmp_path / "sweep"), "--hardware", "a100-hdr200"]
+    )
+    assert result.exit_code == 0, result.output
+    runs = json.loads((tmp_path / "sweep" / PREDICTED).read_text())["runs"]
+    model = build_cost_model("small_cnn", "digits", "a100-hdr200").model
+    for name, options in (("cheap", ese), ("default", {})):
+        expected = model.predict(config_of_run(config | options)).phases_s["ese"]
+        assert runs[name]["phases_s"]["ese"] == pytest.approx(expected)
+    cheap = config_of_run(config | ese)
+    assert (cheap.fosi_curvature_fraction, cheap.fosi_reorthogonalize) == (0.25, "partial")
+    assert runs["cheap"]["phases_s"]["ese"] < runs["default"]["phases_s"]["ese"]

@@ -1,12 +1,15 @@
 """FOSI / DHO2 in the cost model: the ESE (Lanczos iterations, each a Hessian-vector product
-≈ 2 backward passes, plus full reorthogonalization) amortized over ``ese_every``; the base
-optimizer sharded over P ranks; the run config of a FOSI run maps to the method. Checked
-against the arithmetic of docs/plan.md written out here."""
+≈ 2 backward passes on the curvature batch, the step's passes over the shard in the basis'
+dtype, reorthogonalization as the chosen mode runs it) amortized over ``ese_every``; the base
+optimizer sharded over P ranks; the run config of a FOSI run maps to the method and its ESE
+options. Checked against the arithmetic of docs/plan.md and lanczos.py written out here."""
 
 from __future__ import annotations
 
 import pytest
 
+from kfac_hpc.contracts.options import OPTIONS
+from kfac_hpc.optim.fosi.options import FOSIOptions
 from kfac_hpc.plan.alphabeta import AlphaBeta
 from kfac_hpc.plan.compute_costs import RatedCompute
 from kfac_hpc.plan.explain import config_of_run
@@ -24,18 +27,42 @@ def _model() -> CostModel:
     return CostModel(shape, RatedCompute(MACHINE, shape), NET)
 
 
-def _cfg(ranks: int, ese_every: int = 50, iters: int | None = 12) -> PlanConfig:
-    return PlanConfig("fosi", ranks, 64, "weak", fosi_k=3, ese_every=ese_every, lanczos_iters=iters)
+def _cfg(ranks: int, ese_every: int = 50, iters: int | None = 12, **fosi: object) -> PlanConfig:
+    return PlanConfig(
+        "fosi", ranks, 64, "weak", fosi_k=3, ese_every=ese_every, lanczos_iters=iters, **fosi
+    )  # type: ignore[arg-type]
+
+
+def _ese(model: CostModel, cfg: PlanConfig) -> float:
+    """Seconds of one ESE (the phase times its interval)."""
+    return model.predict(cfg).phases_s["ese"] * cfg.ese_every
+
+
+def _rate(model: CostModel) -> float:
+    """Bytes/s of the optimizer's elementwise traffic (5 × 4 bytes a parameter)."""
+    return 20 * model.shape.params / model.compute.optimizer_s(64)
+
+
+def _reorth_bytes(n_r: float, width: int, steps: int = 12) -> float:
+    """Full reorthogonalization's traffic (lanczos._reorthogonalize, one pass a step): at step j
+    the basis' j + 1 rows read twice, and w read, the correction written and subtracted, the new
+    norm (6 passes of n_r)."""
+    return sum(n_r * width * (2 * (j + 1) + 6) for j in range(steps))
 
 
 def test_ese_at_one_rank_is_lanczos_iterations_of_two_backwards() -> None:
+    """Defaults (float64 basis, full): per step 2 backwards, 12 passes over n in float64 (⟨Hq, q⟩
+    and ‖Hq‖² 3, two updates 6, the norm 1, the new row 2), the casts to float32 and back (2 ×
+    (8 + 4) bytes) and the reorthogonalization pass; no collective at one rank."""
     model = _model()
     pred = model.predict(_cfg(1))
     sgd = model.predict(PlanConfig("sgd", 1, 64, "weak"))
     n = model.shape.params
-    rate = 20 * n / model.compute.optimizer_s(64)  # bytes/s of the optimizer's traffic
-    reorth = sum(2 * j * 4 * n for j in range(12)) / rate
-    assert pred.phases_s["ese"] * 50 == pytest.approx(12 * 2 * sgd.phases_s["backward"] + reorth)
+    rate = _rate(model)
+    steps = 12 * n * (12 * 8 + 2 * (8 + 4)) / rate
+    reorth = _reorth_bytes(n, 8) / rate
+    expected = 12 * 2 * sgd.phases_s["backward"] + steps + reorth
+    assert pred.phases_s["ese"] * 50 == pytest.approx(expected, rel=1e-12)
     # FOSI's forward and backward are SGD's; its optimizer adds the projections on 3 vectors
     assert pred.phases_s["backward"] == pytest.approx(sgd.phases_s["backward"])
     projections = 2 * 3 * 4 * n / rate
@@ -59,12 +86,107 @@ def test_sharded_base_and_its_collectives_at_p_ranks() -> None:
     assert pred.phases_s["optimizer"] == pytest.approx(local + comm)
 
 
+@pytest.mark.parametrize(("fraction", "rows"), [(0.25, 16), (0.3, 20), (0.001, 1)])
+def test_the_products_run_on_the_curvature_batch(fraction: float, rows: int) -> None:
+    """At fraction f the products differentiate the job's ⌈f · 64⌉ leading rows: the ESE is
+    cheaper by exactly 12 × 2 backwards × (1 − rows / 64); nothing else moves."""
+    model = _model()
+    backward = model.predict(PlanConfig("sgd", 1, 64, "weak")).phases_s["backward"]
+    for ranks in (1, 4):
+        whole = _ese(model, _cfg(ranks))
+        part = _ese(model, _cfg(ranks, fosi_curvature_fraction=fraction))
+        assert whole - part == pytest.approx(12 * 2 * backward * (1 - rows / 64), rel=1e-9)
+        assert _cfg(ranks, fosi_curvature_fraction=fraction).curvature_share == rows / 64
+
+
+def test_a_training_dtype_basis_moves_half_the_bytes() -> None:
+    """``training`` (the parameters' float32): 4 bytes a coordinate instead of 8 and no casts;
+    the gather and reduce-scatter were in float32 already (equal at P = 4 but for the
+    traffic)."""
+    model = _model()
+    n, rate = model.shape.params, _rate(model)
+    for ranks in (1, 4):
+        n_r = n / ranks
+        wide = _ese(model, _cfg(ranks))
+        narrow = _ese(model, _cfg(ranks, fosi_lanczos_dtype="training"))
+        steps = 12 * n_r * ((12 * 8 + 2 * (8 + 4)) - 12 * 4)
+        reorth = _reorth_bytes(n_r, 8) - _reorth_bytes(n_r, 4)
+        assert wide - narrow == pytest.approx((steps + reorth) / rate, rel=1e-9)
+        assert _reorth_bytes(n_r, 4) == _reorth_bytes(n_r, 8) / 2
+
+
+def test_partial_reorthogonalization_prices_no_pass() -> None:
+    """``partial`` makes a pass only where the basis drifts (unpredictable: priced as none):
+    full costs more by its passes' traffic and, per step j, an allreduce of its j + 1
+    coefficients and one of the new norm."""
+    model = _model()
+    n, rate = model.shape.params, _rate(model)
+    for ranks, width, dtype in ((1, 8, "float64"), (4, 8, "float64"), (4, 4, "training")):
+        full = _ese(model, _cfg(ranks, fosi_lanczos_dtype=dtype))
+        partial = _ese(model, _cfg(ranks, fosi_lanczos_dtype=dtype, fosi_reorthogonalize="partial"))
+        collectives = sum(
+            collective_s(NET, "allreduce", 8 * (j + 1), ranks)
+            + collective_s(NET, "allreduce", 8, ranks)
+            for j in range(12)
+        )
+        expected = _reorth_bytes(n / ranks, width) / rate + collectives
+        assert full - partial == pytest.approx(expected, rel=1e-9)
+
+
+def test_keep_basis_moves_memory_not_time() -> None:
+    model = _model()
+    freed, kept = model.predict(_cfg(4)), model.predict(_cfg(4, fosi_keep_basis=True))
+    assert kept.phases_s == freed.phases_s
+    # the peak is the ESE's, which holds the basis either way; kept, the basis is resident
+    assert kept.memory_bytes == freed.memory_bytes
+    resident = model.memory.predict(kept.config.memory_config()).parts
+    assert "fosi_lanczos_basis" in resident
+    assert "fosi_lanczos_basis" not in model.memory.predict(freed.config.memory_config()).parts
+
+
+def test_plan_takes_the_jobs_defaults_and_lanczos_steps() -> None:
+    """PlanConfig's FOSI defaults are the job's option table's; None Lanczos steps are the
+    optimizer's default (FOSIOptions.iterations), the same count the memory model uses."""
+    cfg = PlanConfig("fosi", 2, 64)
+    for field in ("fosi_k", "fosi_l", "ese_every", "lanczos_iters", "fosi_curvature_fraction",
+                  "fosi_lanczos_dtype", "fosi_reorthogonalize", "fosi_keep_basis"):  # fmt: skip
+        assert getattr(cfg, field) == OPTIONS[field].default, field
+    point = cfg.memory_config()  # the memory model's point: the fields memory depends on
+    for field in ("fosi_k", "fosi_l", "lanczos_iters", "fosi_curvature_fraction",
+                  "fosi_lanczos_dtype", "fosi_keep_basis"):  # fmt: skip
+        assert getattr(point, field) == getattr(cfg, field) == OPTIONS[field].default, field
+    model = _model()
+    k3 = FOSIOptions(k=3).iterations
+    assert _ese(model, _cfg(1, iters=None)) == _ese(model, _cfg(1, iters=k3))
+    assert _ese(model, _cfg(1, iters=None)) != _ese(model, _cfg(1, iters=k3 + 1))
+
+
+def test_fosi_run_config_carries_the_ese_options() -> None:
+    """--explain reads the ESE's options from a run's config.json; one written before they
+    existed gets the job's defaults."""
+    config = {"world_size": 2, "fosi": True, "kfac": False, "batch_size": 64}
+    old = config_of_run(config)
+    assert (old.fosi_curvature_fraction, old.fosi_lanczos_dtype) == (1.0, "float64")
+    assert (old.fosi_reorthogonalize, old.fosi_keep_basis) == ("full", False)
+    cfg = config_of_run(
+        {
+            **config,
+            "fosi_curvature_fraction": 0.25,
+            "fosi_lanczos_dtype": "training",
+            "fosi_reorthogonalize": "partial",
+            "fosi_keep_basis": True,
+        }
+    )
+    assert (cfg.fosi_curvature_fraction, cfg.fosi_lanczos_dtype) == (0.25, "training")
+    assert (cfg.fosi_reorthogonalize, cfg.fosi_keep_basis) == ("partial", True)
+
+
 def test_fosi_run_config_and_planner() -> None:
     config = {"world_size": 2, "fosi": True, "kfac": False, "batch_size": 64, "ese_every": 20}
     cfg = config_of_run(config)
     assert (cfg.method, cfg.ese_every, cfg.kfac) == ("fosi", 20, False)
     planned = build_cost_model("small_cnn", "digits", "a100-hdr200")
-    (pred,) = predict_all(planned, ["fosi"], [8], 64, "weak", 10, 100, 25.0, 10, 100)
+    (pred,) = predict_all(planned, ["fosi"], [8], 64, "weak", 10, 100, 25.0)
     assert pred.phases_s["ese"] > 0 and pred.step_s > sum(
         v for k, v in pred.phases_s.items() if k != "ese"
     )

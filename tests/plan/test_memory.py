@@ -4,6 +4,7 @@ profile table and what ``kfac-hpc plan`` shows of it."""
 
 from __future__ import annotations
 
+import dataclasses
 from importlib import resources
 from pathlib import Path
 
@@ -197,24 +198,66 @@ def test_fosi_shards_its_state_over_ranks() -> None:
         )
 
 
-def test_a_kept_lanczos_basis_is_held_between_eses() -> None:
-    """With ``fosi_keep_basis`` the float64 basis (m × ⌈n / P⌉, m = 4(k + l)) is a held part:
-    every moment of the step rises by it but the ESE's, which counted it already."""
+@pytest.mark.parametrize(("dtype", "width"), [("float64", 8), ("training", 4)])
+def test_a_kept_lanczos_basis_is_held_between_eses(dtype: str, width: int) -> None:
+    """With ``fosi_keep_basis`` the basis (m × ⌈n / P⌉ in its dtype, m = 4(k + l); training:
+    the parameters' float32) is a held part: every moment of the step rises by it but the
+    ESE's, which counted it already."""
     shape, classes = INPUTS["digits"]
     n = sum(
         p.numel() for p in build_model(TrainConfig(model="small_cnn"), shape, classes).parameters()
     )
     memory = MemoryModel("small_cnn", "digits")
     for ranks in (1, 3):
-        freed = memory.predict(MemoryConfig("fosi", ranks, 8, fosi_k=3))
-        kept = memory.predict(MemoryConfig("fosi", ranks, 8, fosi_k=3, fosi_keep_basis=True))
-        basis = 4 * 3 * -(-n // ranks) * 8
+        point = MemoryConfig("fosi", ranks, 8, fosi_k=3, fosi_lanczos_dtype=dtype)
+        freed = memory.predict(point)
+        kept = memory.predict(dataclasses.replace(point, fosi_keep_basis=True))
+        basis = 4 * 3 * -(-n // ranks) * width
         assert "fosi_lanczos_basis" not in freed.parts
         assert kept.parts == freed.parts | {"fosi_lanczos_basis": basis}
         assert kept.moments["ese"] == freed.moments["ese"]
         for moment, value in freed.moments.items():
             if moment != "ese":
                 assert kept.moments[moment] == value + basis, moment
+
+
+def test_a_float32_basis_halves_the_basis_bytes() -> None:
+    """``fosi_lanczos_dtype training`` (float32 parameters): the ESE's basis is half the
+    float64 one's m × ⌈n / P⌉ × 8 bytes; no other moment moves."""
+    shape, classes = INPUTS["digits"]
+    n = sum(
+        p.numel() for p in build_model(TrainConfig(model="small_cnn"), shape, classes).parameters()
+    )
+    memory = MemoryModel("small_cnn", "digits")
+    for ranks in (1, 4):
+        wide = memory.predict(MemoryConfig("fosi", ranks, 8, fosi_k=3, lanczos_iters=20))
+        narrow = memory.predict(
+            MemoryConfig(
+                "fosi", ranks, 8, fosi_k=3, lanczos_iters=20, fosi_lanczos_dtype="training"
+            )
+        )
+        float64_basis = 20 * -(-n // ranks) * 8
+        assert wide.moments["ese"] - narrow.moments["ese"] == float64_basis / 2
+        assert {k: v for k, v in wide.moments.items() if k != "ese"} == {
+            k: v for k, v in narrow.moments.items() if k != "ese"
+        }
+
+
+@pytest.mark.parametrize(("fraction", "rows"), [(0.25, 4), (0.3, 5), (0.01, 1)])
+def test_the_ese_holds_the_curvature_batchs_graph(fraction: float, rows: int) -> None:
+    """At curvature fraction f the product's graph is that of the leading ⌈f · 16⌉ rows (the
+    closure's own forward): the ESE's 2 × saved tensors are those of a forward at that batch
+    (GPU paths: no im2col buffer); no other moment moves."""
+    memory = MemoryModel("small_cnn", "digits")
+    device = DeviceMemory(1e12)
+    whole = memory.predict(MemoryConfig("fosi", 2, 16, fosi_k=3), device)
+    part = memory.predict(
+        MemoryConfig("fosi", 2, 16, fosi_k=3, fosi_curvature_fraction=fraction), device
+    )
+    saved_16, saved_rows = memory.trace(16).saved_bytes, memory.trace(rows).saved_bytes
+    assert saved_rows < saved_16
+    assert whole.moments["ese"] - part.moments["ese"] == 2 * (saved_16 - saved_rows)
+    assert whole.moments["backward"] == part.moments["backward"]
 
 
 def test_the_cost_models_memory_is_this_models_peak() -> None:

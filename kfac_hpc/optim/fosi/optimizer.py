@@ -41,7 +41,7 @@ from kfac_hpc.optim.fosi.lanczos import (
     lanczos_extremes,
     warm_start_vector,
 )
-from kfac_hpc.optim.fosi.options import FOSIOptions
+from kfac_hpc.optim.fosi.options import FOSIOptions, lanczos_basis_dtype
 from kfac_hpc.optim.fosi.pipeline import CurvaturePipeline
 from kfac_hpc.optim.fosi.sharded_base import ShardedBase, weight_decay_vector
 from kfac_hpc.optim.fosi.sharding import CoordinateShard
@@ -463,7 +463,7 @@ class FOSI(torch.optim.Optimizer):
         buffers = [] if self.model is None else [b.clone() for b in self.model.buffers()]
         hvp = HessianVectorProduct(self.params, closure, self.model, self.options.hvp)
         shard, dtype, o = self.shard, self.params[0].dtype, self.options
-        basis_dtype = dtype if o.lanczos_dtype == "training" else torch.float64
+        basis_dtype = lanczos_basis_dtype(o.lanczos_dtype, dtype)
         wd = weight_decay_vector(self.base, self.bounds, shard).to(basis_dtype)
         decays = bool(wd.any())  # no weight decay: no pass over wd and q per product
 

@@ -11,16 +11,30 @@ import math
 from dataclasses import dataclass
 from typing import Any, cast
 
+import torch
+
 from kfac_hpc.contracts.option_values import valid_range, validity_problem
 from kfac_hpc.contracts.options import LIBRARY_PARAMETERS, OPTIONS, library_default
 from kfac_hpc.optim.fosi.hvp import HvpMode
 
-__all__ = ["FOSIOptions"]
+__all__ = ["FOSIOptions", "lanczos_basis_dtype", "lanczos_steps"]
 
 # FOSI's parameter -> the job's option (contracts/options.py): its default, kind, choices and
 # valid range are the table's.
 _OPTION_OF = LIBRARY_PARAMETERS["fosi"]
 _DEFAULT: dict[str, Any] = {param: library_default(name) for param, name in _OPTION_OF.items()}
+
+
+def lanczos_steps(k: int, l: int, lanczos_iters: int | None) -> int:  # noqa: E741
+    """The Lanczos steps m an ESE asks for: ``lanczos_iters``, or 4(k + l) when None (before
+    capping at the parameter count)."""
+    return lanczos_iters if lanczos_iters is not None else 4 * (k + l)
+
+
+def lanczos_basis_dtype(lanczos_dtype: str, training: torch.dtype) -> torch.dtype:
+    """The dtype of the Lanczos basis and Ritz vectors for ``lanczos_dtype`` (a choice of
+    ``--fosi-lanczos-dtype``): float64, or ``training``, the parameters' dtype."""
+    return training if lanczos_dtype == "training" else torch.float64
 
 
 def _check(ok: bool, name: str, value: object, want: str) -> None:
@@ -138,4 +152,4 @@ class FOSIOptions:
     @property
     def iterations(self) -> int:
         """Lanczos steps m (before capping at the parameter count)."""
-        return self.lanczos_iters if self.lanczos_iters is not None else 4 * (self.k + self.l)
+        return lanczos_steps(self.k, self.l, self.lanczos_iters)
