@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -167,6 +168,7 @@ def test_profile_text_with_the_measured_host_round_trips(tmp_path: Path) -> None
         "conv_curve": [list(p) for p in CONV],
         "linear_curve": [list(p) for p in LINEAR],
         "optimizer": 1.5e-5,
+        "kfac_step_overhead": 2.25e-4,
     }
     host = SiteHost([[1, 1.0], [2, 1.4]], [[2, 1e-4, 0.3]], JobOverhead(2e-6, 5e-4), "digits")
     path = tmp_path / "site.toml"
@@ -176,6 +178,7 @@ def test_profile_text_with_the_measured_host_round_trips(tmp_path: Path) -> None
     assert machine.slowdown_curve == ((1, 1.0), (2, 1.4))
     assert (machine.data_s_per_sample, machine.step_overhead_s) == (2e-6, 5e-4)
     assert machine.optimizer_tensor_s == 1.5e-5
+    assert machine.kfac_step_overhead_s == 2.25e-4
     assert net.sync == ((2, 1e-4, 0.3),)
 
 
@@ -231,3 +234,43 @@ def test_shipped_profiles_measure_none_and_keep_the_rated_model(name: str) -> No
         (),
         (),
     )
+
+
+def test_the_step_overhead_is_the_mean_of_step_minus_its_phases(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a fake clock: each step() takes 5 units of which it times 3 (2 outside), every
+    10th step 14 more outside; the overhead is their mean (2 + 14 / 10), not the median."""
+    clock = [0.0]
+    calls = [0]
+
+    class Fake:
+        def __init__(self, net: torch.nn.Module, **kwargs: Any) -> None:
+            self.last_timings: dict[str, float] = {}
+
+        def step(self) -> None:
+            calls[0] += 1
+            slow = 14.0 if calls[0] % 10 == 0 else 0.0
+            clock[0] += 5.0 + slow
+            self.last_timings = {"factor_compute": 2.0, "precondition": 1.0}
+
+    monkeypatch.setattr(rates, "KFACPreconditioner", Fake)
+    monkeypatch.setattr(rates.time, "perf_counter", lambda: clock[0])
+    measured = rates.kfac_step_overhead_s(torch.device("cpu"))
+    assert calls[0] == 220  # 20 warm-up steps, 200 timed: 20 slow ones among them
+    assert measured == pytest.approx(2.0 + 14.0 / 10, rel=1e-12)
+
+
+def test_kfac_other_adds_the_step_overhead_by_hand() -> None:
+    """K-FAC's ``other``: (the job's step overhead + the preconditioner's) × the slowdown;
+    SGD's: the job's alone."""
+    shape = model_shape("small_cnn", "digits")
+    machine = MachineProfile("cpu", 1e10, 1e9, 1e10, 1e10, kfac_step_overhead_s=2e-4)
+    host = Host(job=JobOverhead(1e-6, 3e-5), slowdown=((1, 1.0), (2, 1.5)))
+    model = CostModel(shape, RatedCompute(machine, shape), NET, host)
+    kfac = model.predict(PlanConfig("kfac-comm-opt", 2, 128, "strong", 1, 10))
+    sgd = model.predict(PlanConfig("sgd", 2, 128, "strong", 1, 10))
+    assert kfac.other_s == pytest.approx((3e-5 + 2e-4) * 1.5, rel=1e-12)
+    assert sgd.other_s == pytest.approx(3e-5 * 1.5, rel=1e-12)
+    path_machine = MachineProfile("cpu", 1e10, 1e9, 1e10, 1e10)
+    assert RatedCompute(path_machine, shape).kfac_overhead_s(64) == 0.0
