@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-__all__ = ["AsyncBroadcaster", "FactorAllreducer", "any_rank", "group_size"]
+__all__ = ["BROADCAST_BUCKET_MB", "AsyncBroadcaster", "FactorAllreducer", "any_rank", "group_size"]
 
 _MB = 1024 * 1024
 
@@ -410,6 +410,10 @@ class _Broadcast(_Pending):
 _BroadcastKey = tuple[int, int, torch.dtype, torch.device]
 
 
+# the bucket of AsyncBroadcaster by default: what the preconditioner sends (plan prices it)
+BROADCAST_BUCKET_MB = 25.0
+
+
 class AsyncBroadcaster(_BucketQueue[_BroadcastKey, _Broadcast]):
     """Broadcast tensors asynchronously in flat buckets, then wait for all of them at once.
 
@@ -422,7 +426,9 @@ class AsyncBroadcaster(_BucketQueue[_BroadcastKey, _Broadcast]):
     also within a group). The ranks of a group must queue its tensors in the same order.
     """
 
-    def __init__(self, group: ProcessGroup | None = None, bucket_cap_mb: float = 25.0) -> None:
+    def __init__(
+        self, group: ProcessGroup | None = None, bucket_cap_mb: float = BROADCAST_BUCKET_MB
+    ) -> None:
         super().__init__(bucket_cap_mb, "bucket_cap_mb")
         self.group = group
 

@@ -124,8 +124,9 @@ class RatedCompute:
         return traffic + self.machine.optimizer_tensor_s * self.shape.param_tensors
 
     def kfac_overhead_s(self, batch: int) -> float:
-        """The preconditioner's host bookkeeping outside its phases: not rated (0)."""
-        return 0.0
+        """The preconditioner's host bookkeeping outside its phases: the profile's measured
+        ``kfac_step_overhead_s`` (0 when not measured)."""
+        return self.machine.kfac_step_overhead_s
 
 
 _WARMUP_STEPS = 3  # the job's first steps pay one-time costs (allocator growth, dispatch)

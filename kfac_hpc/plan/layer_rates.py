@@ -14,7 +14,8 @@ its backward, for ``plan calibrate`` to fit (with a planned model, also its modu
 its own passes: pass_timing.py). Also the job's optimizer update per parameter
 tensor (``optimizer_tensor_s``): on a CPU its update loops over the tensors, and a small
 model's update is mostly that loop. And what the K-FAC preconditioner's forward hook adds to
-a forward per layer (``kfac_forward_layer_s``).
+a forward per layer (``kfac_forward_layer_s``), and what its ``step()`` takes beyond the
+phases it times (``kfac_step_overhead_s``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ __all__ = [
     "MODULE_SAMPLES",
     "ModuleFits",
     "kfac_forward_layer_s",
+    "kfac_step_overhead_s",
     "layer_curve",
     "model_samples",
     "module_fits",
@@ -170,6 +172,40 @@ def kfac_forward_layer_s(device: torch.device) -> float:
                 preconditioner.step()  # ends the factor step (untimed)
     added = statistics.median(times[1]) - statistics.median(times[0])
     return max(0.0, added / _HOOK_LAYERS)
+
+
+_OVERHEAD_WARMUP, _OVERHEAD_STEPS, _OVERHEAD_INVERSE_EVERY = 20, 200, 10
+
+
+def kfac_step_overhead_s(device: torch.device) -> float:
+    """Seconds per step the K-FAC preconditioner's ``step()`` takes beyond the phases it
+    times (the job's ``other`` under K-FAC: its bookkeeping between the timed blocks): job-like
+    steps of the hook's chain of small linear layers (forward, backward, the preconditioner's
+    step, the job's optimizer), factors every step and inverses every 10; the mean over steps
+    (the job's phases are means: its occasional slow step counts) of ``step()`` minus its
+    ``last_timings`` (>= 0). A process of its own ranks: no collective runs."""
+    torch.manual_seed(0)
+    net = nn.Sequential(*(nn.Linear(_HOOK_WIDTH, _HOOK_WIDTH) for _ in range(_HOOK_LAYERS)))
+    net = net.to(device)
+    preconditioner = KFACPreconditioner(
+        net, factor_update_steps=1, inv_update_steps=_OVERHEAD_INVERSE_EVERY
+    )
+    optimizer = make_optimizer(TrainConfig(), net)
+    x = torch.randn(_HOOK_BATCH, _HOOK_WIDTH, device=device)
+    outside = []
+    for step in range(_OVERHEAD_WARMUP + _OVERHEAD_STEPS):
+        out = net(x)
+        optimizer.zero_grad(set_to_none=True)
+        out.sum().backward()
+        synchronize(device)
+        start = time.perf_counter()
+        preconditioner.step()
+        synchronize(device)
+        took = time.perf_counter() - start
+        if step >= _OVERHEAD_WARMUP:
+            outside.append(took - sum(preconditioner.last_timings.values()))
+        optimizer.step()
+    return max(0.0, statistics.fmean(outside))
 
 
 Sample = tuple[Callable[[], nn.Module], tuple[int, ...]]  # a module's factory, its input shape

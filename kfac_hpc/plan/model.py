@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kfac_hpc.comm.assignment import KAISAAssignment
+from kfac_hpc.comm.collectives import BROADCAST_BUCKET_MB
 from kfac_hpc.contracts import PHASES
 from kfac_hpc.contracts.options import OPTIONS
 from kfac_hpc.optim.fosi.curvature_batch import subset_size
 from kfac_hpc.optim.fosi.options import lanczos_steps
 from kfac_hpc.plan.compute_costs import ComputeCosts
-from kfac_hpc.plan.layers import LayerShape, ModelShape
+from kfac_hpc.plan.layers import ModelShape
 from kfac_hpc.plan.memory import (
     DeviceMemory,
     MemoryConfig,
@@ -37,12 +38,14 @@ from kfac_hpc.plan.profiles import NetworkProfile
 
 __all__ = [
     "ALL_METHODS",
+    "BROADCAST_BUCKET_MB",
     "METHODS",
     "CostModel",
     "GroupCollective",
     "Host",
     "PlanConfig",
     "Prediction",
+    "bucket_bytes",
     "collective_s",
     "kfac_assignment",
     "lanes_s",
@@ -219,6 +222,24 @@ def bucketed_allreduce_s(net: NetworkProfile, nbytes: float, ranks: int, bucket_
     return out + (collective_s(net, "allreduce", rest, ranks) if rest else 0.0)
 
 
+def bucket_bytes(sizes: list[int], cap: float) -> list[int]:
+    """The bytes of each bucket that tensors of ``sizes`` bytes, queued in order, are sent in
+    (``kfac_hpc.comm.collectives``' bucket queue): a tensor that does not fit in the open
+    bucket launches it first, a bucket that reaches ``cap`` is launched at once, the rest at
+    the end; ``cap`` 0: one bucket a tensor."""
+    out: list[int] = []
+    open_ = 0
+    for size in sizes:
+        if open_ and open_ + size > cap:
+            out.append(open_)
+            open_ = 0
+        open_ += size
+        if open_ >= cap:
+            out.append(open_)
+            open_ = 0
+    return out + ([open_] if open_ else [])
+
+
 class CostModel:
     """Predictions for one model shape on one machine (compute), network and device memory
     (``device``: a GPU's code paths, context and workspaces; None: this machine's CPU)."""
@@ -258,6 +279,15 @@ class CostModel:
             return slowest
         _, a, b = max(fits)
         return max(0.0, a + b * work_s) + slowest
+
+    def _lead_wait(self, ranks: int, work: list[float], behind: float) -> float:
+        """The wait in the collective after work that differs by rank (``work``: uncontended
+        seconds of each rank, or of each row), whose busiest rank finishes ``behind`` after the
+        ranks' mean: the ranks done early wait that long for it, and the wait of ranks that
+        compute alike (the sync fit, measured after equal work on every rank at once) plays
+        out while they do, over the work every rank does (the least). The two overlap: the
+        larger is the wait. Equal work: :meth:`_wait` of it."""
+        return max(behind, self._wait(ranks, min(work)))
 
     def predict(self, cfg: PlanConfig) -> Prediction:
         phases = dict.fromkeys(PHASES, 0.0)
@@ -323,8 +353,8 @@ class CostModel:
         groups = self.kfac_collectives(cfg, assignment)
         inverse = [c for c in groups if c.phase == "inverse_comm"]
         if inverse:
-            wait = self._wait(p, max(eigh))
-            phases["inverse_comm"] = (lanes_s(self.network, inverse) + wait + behind) / i
+            wait = self._lead_wait(p, eigh, behind)
+            phases["inverse_comm"] = (lanes_s(self.network, inverse) + wait) / i
             behind = 0.0
         # each rank preconditions the layers of its grad-worker row (every row has W ranks)
         rows = [0.0] * len(assignment.rows)
@@ -337,8 +367,8 @@ class CostModel:
         behind = behind / i + late
         grads = [c for c in groups if c.phase == "grad_broadcast"]
         if grads:
-            phases["grad_broadcast"] = (
-                lanes_s(self.network, grads) + self._wait(p, max(rows)) + behind
+            phases["grad_broadcast"] = lanes_s(self.network, grads) + self._lead_wait(
+                p, rows, behind
             )
         else:  # one row: the next collective is the next step's gradient allreduce
             phases["grad_allreduce"] += behind
@@ -347,33 +377,37 @@ class CostModel:
         self, cfg: PlanConfig, assignment: KAISAAssignment | None = None
     ) -> list[GroupCollective]:
         """The broadcasts K-FAC runs over groups smaller than the world, as the assignment
-        (the preconditioner's own) places them: each layer's second-order data from its
-        A and G workers to its grad-worker row (``inverse_comm``; one lane per row) and its
-        preconditioned gradient from the row's member in each receiver column down the
-        column (``grad_broadcast``; one lane per column)."""
+        (the preconditioner's own) places them and as its ``AsyncBroadcaster`` sends them:
+        the tensors of one source in one group packed into buckets of at most
+        ``BROADCAST_BUCKET_MB`` MiB, one broadcast a bucket. ``inverse_comm``: each layer's
+        eigenvectors and eigenvalues of A and of G from their workers to the layer's
+        grad-worker row (one lane per row; the eigenvalues' outer product is computed on
+        arrival, not sent); ``grad_broadcast``: each layer's preconditioned gradient from the
+        row's member in each receiver column down the column (one lane per column)."""
         assignment = assignment or kfac_assignment(self.shape, cfg)
-        out: list[GroupCollective] = []
+        # (phase, lane, members, root) -> the bytes of its tensors in the order they are queued
+        queued: dict[tuple[str, int, tuple[int, ...], int], list[int]] = {}
         for n, layer in enumerate(self.shape.layers):
             plan = assignment.plan(f"{n}")
             if len(plan.grad_workers) > 1:
-                a_bytes = layer.n_a**2 * layer.groups * _FLOAT_BYTES
-                g_bytes = _second_order_bytes(layer) - a_bytes
-                for root, nbytes in ((plan.a_worker, a_bytes), (plan.g_worker, g_bytes)):
-                    out.append(
-                        GroupCollective(
-                            "inverse_comm", "broadcast", nbytes, plan.grad_workers, root, plan.row
-                        )
+                for root, size in ((plan.a_worker, layer.n_a), (plan.g_worker, layer.n_g)):
+                    key = ("inverse_comm", plan.row, plan.grad_workers, root)
+                    eigenvectors, eigenvalues = size * size * layer.groups, size * layer.groups
+                    queued.setdefault(key, []).extend(
+                        (eigenvectors * _FLOAT_BYTES, eigenvalues * _FLOAT_BYTES)
                     )
         for lane, column in enumerate(assignment.columns):
             if len(column) == 1:
                 continue
             for n, layer in enumerate(self.shape.layers):
-                root = assignment.grad_source(f"{n}", column[0])
-                nbytes = layer.grad_elements * _FLOAT_BYTES
-                out.append(
-                    GroupCollective("grad_broadcast", "broadcast", nbytes, column, root, lane)
-                )
-        return out
+                key = ("grad_broadcast", lane, column, assignment.grad_source(f"{n}", column[0]))
+                queued.setdefault(key, []).append(layer.grad_elements * _FLOAT_BYTES)
+        cap = BROADCAST_BUCKET_MB * 2**20
+        return [
+            GroupCollective(phase, "broadcast", nbytes, members, root, lane)
+            for (phase, lane, members, root), sizes in queued.items()
+            for nbytes in bucket_bytes(sizes, cap)
+        ]
 
     def _fosi(
         self, cfg: PlanConfig, phases: dict[str, float], slow: float, backward: float
@@ -448,8 +482,3 @@ def kfac_assignment(shape: ModelShape, cfg: PlanConfig) -> KAISAAssignment:
     fraction = cfg.strategy if cfg.grad_worker_fraction is None else cfg.grad_worker_fraction
     layers = {f"{n}": (layer.n_a, layer.n_g, layer.groups) for n, layer in enumerate(shape.layers)}
     return preconditioner_assignment(layers, cfg.ranks, fraction)
-
-
-def _second_order_bytes(layer: LayerShape) -> int:
-    """Q_A, Q_G and the eigenvalue outer product of one layer (what its row receives)."""
-    return (layer.n_a**2 + layer.n_g**2 + layer.n_a * layer.n_g) * layer.groups * _FLOAT_BYTES

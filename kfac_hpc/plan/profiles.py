@@ -72,7 +72,9 @@ class MachineProfile:
     ``cores_per_node`` ratio). ``optimizer_tensor_s``: the job's optimizer update's cost per
     parameter tensor beyond its traffic (a CPU's per-tensor loop). ``kfac_forward_layer_s``:
     what the K-FAC preconditioner's forward hook adds per layer to a factor step's forward
-    (keeping the input, registering the output-gradient hook). ``modules``: ``(kind,
+    (keeping the input, registering the output-gradient hook). ``kfac_step_overhead_s``: the
+    preconditioner's ``step()`` per step outside the phases it times (its bookkeeping: the
+    job's ``other``). ``modules``: ``(kind,
     fit)`` of module kinds priced by their own shape (module_fits.py; ``[machine.modules]``
     in the file): when given, every module of a kind it holds is priced by its fit.
     """
@@ -94,6 +96,7 @@ class MachineProfile:
     slowdown_curve: tuple[tuple[int, float], ...] = ()
     optimizer_tensor_s: float = 0.0
     kfac_forward_layer_s: float = 0.0
+    kfac_step_overhead_s: float = 0.0
     modules: tuple[tuple[str, ModuleFit], ...] = ()
 
     def module_fit(self, kind: str) -> ModuleFit | None:
@@ -196,6 +199,7 @@ PROFILE_FIELDS: tuple[ProfileField, ...] = (
     ProfileField("machine", "compute_cv", "float", 0.0, 1.0, 0.0),
     ProfileField("machine", "optimizer_tensor_s", "float", 0.0, 1.0, 0.0, "s"),
     ProfileField("machine", "kfac_forward_layer_s", "float", 0.0, 1.0, 0.0, "s"),
+    ProfileField("machine", "kfac_step_overhead_s", "float", 0.0, 60.0, 0.0, "s"),
     ProfileField("network", "ranks_per_node", "int", 1, 1024),
     ProfileField("network", "nics_per_node", "int", 0, 1024, 0),
     *(

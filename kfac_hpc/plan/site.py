@@ -50,13 +50,19 @@ from kfac_hpc.plan.calibrate import (
 )
 from kfac_hpc.plan.layer_rates import (
     kfac_forward_layer_s,
+    kfac_step_overhead_s,
     layer_curve,
     model_samples,
     module_fits,
     optimizer_tensor_s,
 )
 from kfac_hpc.plan.layers import INPUTS, build_network
-from kfac_hpc.plan.overhead import JobOverhead, measure_job_overhead, one_process_env
+from kfac_hpc.plan.overhead import (
+    JobOverhead,
+    job_optimizer_tensor_s,
+    measure_job_overhead,
+    one_process_env,
+)
 from kfac_hpc.plan.pass_timing import time_in_pass
 from kfac_hpc.plan.placement import price_s
 from kfac_hpc.plan.profiles import NetworkProfile
@@ -117,23 +123,26 @@ def _pair_link(pair: tuple[int, int], device: torch.device) -> AlphaBeta | None:
     return AlphaBeta(fit.alpha_s, (beyond if beyond > 0 else seconds) / largest)
 
 
-def _hook_cost(device: torch.device) -> float:
-    """``kfac_forward_layer_s`` measured in a fresh process of one thread: the preconditioner
-    it registers builds process groups (collective over the launch's ranks) when one is
-    initialized, and only rank 0 measures."""
+def _kfac_costs(device: torch.device) -> tuple[float, float]:
+    """``(kfac_forward_layer_s, kfac_step_overhead_s)`` measured in a fresh process of one
+    thread: the preconditioner they register builds process groups (collective over the
+    launch's ranks) when one is initialized, and only rank 0 measures."""
     if not (dist.is_available() and dist.is_initialized()):
-        return kfac_forward_layer_s(device)
+        return kfac_forward_layer_s(device), kfac_step_overhead_s(device)
     code = (
-        "import torch; from kfac_hpc.plan.layer_rates import kfac_forward_layer_s; "
-        f"torch.set_num_threads(1); print(kfac_forward_layer_s(torch.device({str(device)!r})))"
+        "import torch; from kfac_hpc.plan.layer_rates import kfac_forward_layer_s, "
+        "kfac_step_overhead_s; torch.set_num_threads(1); "
+        f"d = torch.device({str(device)!r}); print(kfac_forward_layer_s(d), "
+        "kfac_step_overhead_s(d))"
     )
     env = {**one_process_env(os.environ), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
     )
     if out.returncode != 0:
-        raise RuntimeError(f"timing K-FAC's forward hook failed: {out.stderr.strip()[-500:]}")
-    return float(out.stdout.split()[-1])
+        raise RuntimeError(f"timing K-FAC's hook and step failed: {out.stderr.strip()[-500:]}")
+    hook, step = map(float, out.stdout.split()[-2:])
+    return hook, step
 
 
 def _device_rates(
@@ -154,7 +163,7 @@ def _device_rates(
     copy = 2 * _COPY_BYTES / _timed(lambda: dst.copy_(src), device, 5)
     curves = {f"{kind}_curve": layer_curve(kind, device) for kind in ("conv", "linear")}
     optimizer = optimizer_tensor_s(device)
-    hook = _hook_cost(device)
+    hook, kfac_step = _kfac_costs(device)
     extra, timings = [], []
     if model is not None:
         net = build_network(model, dataset)
@@ -168,6 +177,7 @@ def _device_rates(
         "copy": copy,
         "optimizer": optimizer,
         "kfac_forward_layer": hook,
+        "kfac_step_overhead": kfac_step,
         "modules": modules,
         "module_notes": fits.notes(),
         **curves,
@@ -323,10 +333,23 @@ def profile_text(
             for key in ("conv_curve", "linear_curve")
             if key in rates
         ),
+        *(
+            [
+                "# optimizer_tensor_s: from the 1-rank run's optimizer phase (timed back to "
+                f"back: {rates['optimizer_alone']:.6g})"
+            ]
+            if "optimizer_alone" in rates
+            else []
+        ),
         *([f"optimizer_tensor_s = {rates['optimizer']:.6g}"] if "optimizer" in rates else []),
         *(
             [f"kfac_forward_layer_s = {rates['kfac_forward_layer']:.6g}"]
             if "kfac_forward_layer" in rates
+            else []
+        ),
+        *(
+            [f"kfac_step_overhead_s = {rates['kfac_step_overhead']:.6g}"]
+            if "kfac_step_overhead" in rates
             else []
         ),
         *(host.machine_lines() if host else []),
@@ -415,8 +438,12 @@ def calibrate_site(
     sync = _sync_fits(groups, network, slowdown, ctx.device)
     text = None
     if ctx.rank == 0:
-        host = SiteHost(slowdown, sync, measure_job_overhead(dataset, OVERHEAD_BATCH), dataset)
+        job = measure_job_overhead(dataset, OVERHEAD_BATCH)
+        host = SiteHost(slowdown, sync, job, dataset)
         rates = _device_rates(ctx.device, eigh_sizes, model, dataset)
+        if job.optimizer_s > 0:  # the job's update in its own steps, not back to back
+            rates["optimizer_alone"] = rates["optimizer"]
+            rates["optimizer"] = job_optimizer_tensor_s(job, dataset, float(rates["copy"]))  # type: ignore[arg-type]
         name = (
             torch.cuda.get_device_name(ctx.device)
             if ctx.device.type == "cuda"

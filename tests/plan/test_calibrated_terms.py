@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,7 +24,12 @@ from kfac_hpc.plan.compute_costs import RatedCompute, layer_kind
 from kfac_hpc.plan.errors import PlanInputError
 from kfac_hpc.plan.layers import build_network, model_shape
 from kfac_hpc.plan.model import CostModel, Host, PlanConfig, bucketed_allreduce_s
-from kfac_hpc.plan.overhead import JobOverhead, one_process_env
+from kfac_hpc.plan.overhead import (
+    JobOverhead,
+    job_optimizer_tensor_s,
+    one_process_env,
+    window_means,
+)
 from kfac_hpc.plan.planner import build_cost_model
 from kfac_hpc.plan.profiles import MachineProfile, NetworkProfile, load_profile
 from kfac_hpc.plan.site import SiteHost, _groups, profile_text
@@ -167,15 +173,20 @@ def test_profile_text_with_the_measured_host_round_trips(tmp_path: Path) -> None
         "conv_curve": [list(p) for p in CONV],
         "linear_curve": [list(p) for p in LINEAR],
         "optimizer": 1.5e-5,
+        "optimizer_alone": 4e-6,
+        "kfac_step_overhead": 2.25e-4,
     }
     host = SiteHost([[1, 1.0], [2, 1.4]], [[2, 1e-4, 0.3]], JobOverhead(2e-6, 5e-4), "digits")
     path = tmp_path / "site.toml"
-    path.write_text(profile_text("cpu", rates, 8e9, 2, "gloo", LINK, LINK, 2, host))
+    text = profile_text("cpu", rates, 8e9, 2, "gloo", LINK, LINK, 2, host)
+    assert "(timed back to back: 4e-06)" in text
+    path.write_text(text)
     machine, net = load_profile(str(path))
     assert machine.conv_curve == CONV and machine.linear_curve == LINEAR  # 6 digits hold them
     assert machine.slowdown_curve == ((1, 1.0), (2, 1.4))
     assert (machine.data_s_per_sample, machine.step_overhead_s) == (2e-6, 5e-4)
     assert machine.optimizer_tensor_s == 1.5e-5
+    assert machine.kfac_step_overhead_s == 2.25e-4
     assert net.sync == ((2, 1e-4, 0.3),)
 
 
@@ -231,3 +242,78 @@ def test_shipped_profiles_measure_none_and_keep_the_rated_model(name: str) -> No
         (),
         (),
     )
+
+
+def test_the_step_overhead_is_the_mean_of_step_minus_its_phases(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a fake clock: each step() takes 5 units of which it times 3 (2 outside), every
+    10th step 14 more outside; the overhead is their mean (2 + 14 / 10), not the median."""
+    clock = [0.0]
+    calls = [0]
+
+    class Fake:
+        def __init__(self, net: torch.nn.Module, **kwargs: Any) -> None:
+            self.last_timings: dict[str, float] = {}
+
+        def step(self) -> None:
+            calls[0] += 1
+            slow = 14.0 if calls[0] % 10 == 0 else 0.0
+            clock[0] += 5.0 + slow
+            self.last_timings = {"factor_compute": 2.0, "precondition": 1.0}
+
+    monkeypatch.setattr(rates, "KFACPreconditioner", Fake)
+    monkeypatch.setattr(rates.time, "perf_counter", lambda: clock[0])
+    measured = rates.kfac_step_overhead_s(torch.device("cpu"))
+    assert calls[0] == 220  # 20 warm-up steps, 200 timed: 20 slow ones among them
+    assert measured == pytest.approx(2.0 + 14.0 / 10, rel=1e-12)
+
+
+def test_kfac_other_adds_the_step_overhead_by_hand() -> None:
+    """K-FAC's ``other``: (the job's step overhead + the preconditioner's) × the slowdown;
+    SGD's: the job's alone."""
+    shape = model_shape("small_cnn", "digits")
+    machine = MachineProfile("cpu", 1e10, 1e9, 1e10, 1e10, kfac_step_overhead_s=2e-4)
+    host = Host(job=JobOverhead(1e-6, 3e-5), slowdown=((1, 1.0), (2, 1.5)))
+    model = CostModel(shape, RatedCompute(machine, shape), NET, host)
+    kfac = model.predict(PlanConfig("kfac-comm-opt", 2, 128, "strong", 1, 10))
+    sgd = model.predict(PlanConfig("sgd", 2, 128, "strong", 1, 10))
+    assert kfac.other_s == pytest.approx((3e-5 + 2e-4) * 1.5, rel=1e-12)
+    assert sgd.other_s == pytest.approx(3e-5 * 1.5, rel=1e-12)
+    path_machine = MachineProfile("cpu", 1e10, 1e9, 1e10, 1e10)
+    assert RatedCompute(path_machine, shape).kfac_overhead_s(64) == 0.0
+
+
+def _window(steps: int, data: float, optimizer: float, other: float) -> dict[str, Any]:
+    phases = {"data": data, "forward": 1e-3, "optimizer": optimizer}
+    return {"kind": "train", "window_steps": steps, "phases_s": phases,
+            "step_s": sum(phases.values()) + other}  # fmt: skip
+
+
+def test_the_job_overhead_is_the_step_weighted_mean_after_the_warm_up_window() -> None:
+    """As the job reports its phases: per-step means weighted by the windows' steps, the slow
+    window (an epoch start) counted, the first (warm-up) window left out; not medians."""
+    records = [
+        _window(10, 9e-3, 9e-3, 9e-3),  # warm-up: dropped
+        {"kind": "eval"},
+        _window(10, 1e-4, 2e-4, 3e-5),
+        _window(10, 1e-4, 2e-4, 3e-5),
+        _window(10, 9e-4, 6e-4, 1e-4),  # slow
+        _window(5, 1e-4, 2e-4, 3e-5),
+    ]
+    job = window_means(records, 64)
+    assert job.data_s_per_sample == pytest.approx((25 * 1e-4 + 10 * 9e-4) / 35 / 64, rel=1e-12)
+    assert job.optimizer_s == pytest.approx((25 * 2e-4 + 10 * 6e-4) / 35, rel=1e-12)
+    assert job.step_s == pytest.approx((25 * 3e-5 + 10 * 1e-4) / 35, rel=1e-12)
+
+
+def test_the_optimizer_per_tensor_comes_from_the_jobs_optimizer_phase() -> None:
+    """(The 1-rank mlp run's optimizer phase − 20 bytes a parameter at the copy rate) / its
+    parameter tensors, counted here from the real mlp."""
+    net = build_network("mlp", "digits")
+    params = list(net.parameters())
+    traffic = 20 * sum(p.numel() for p in params) / 5e9
+    job = JobOverhead(optimizer_s=4e-4)
+    expected = (4e-4 - traffic) / len(params)
+    assert job_optimizer_tensor_s(job, "digits", 5e9) == pytest.approx(expected, rel=1e-12)
+    assert job_optimizer_tensor_s(JobOverhead(optimizer_s=1e-9), "digits", 5e9) == 0.0

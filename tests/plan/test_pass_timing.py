@@ -203,15 +203,15 @@ def test_under_a_process_group_the_hook_cost_is_timed_in_a_fresh_process(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Rank 0 alone must not build a preconditioner (its process groups are collective):
-    with a group initialized the hook cost comes from a one-thread child without the
-    launcher's variables."""
+    with a group initialized the hook's and the step's costs come from a one-thread child
+    without the launcher's variables."""
     from kfac_hpc.plan import site
 
     seen: dict[str, Any] = {}
 
     def child(argv: list[str], env: dict[str, str], **kwargs: Any) -> Any:
         seen["argv"], seen["env"] = argv, env
-        return type("Done", (), {"returncode": 0, "stdout": "2.5e-05\n", "stderr": ""})()
+        return type("Done", (), {"returncode": 0, "stdout": "2.5e-05 0.0002\n", "stderr": ""})()
 
     def in_process(device: torch.device) -> float:
         raise AssertionError("timed in the rank's own process")
@@ -219,7 +219,9 @@ def test_under_a_process_group_the_hook_cost_is_timed_in_a_fresh_process(
     monkeypatch.setattr(site.dist, "is_initialized", lambda: True)
     monkeypatch.setattr(site.subprocess, "run", child)
     monkeypatch.setattr(site, "kfac_forward_layer_s", in_process)
+    monkeypatch.setattr(site, "kfac_step_overhead_s", in_process)
     monkeypatch.setenv("SLURM_PROCID", "0")
-    assert site._hook_cost(torch.device("cpu")) == 2.5e-5
+    assert site._kfac_costs(torch.device("cpu")) == (2.5e-5, 2e-4)
     assert seen["argv"][1] == "-c" and "kfac_forward_layer_s" in seen["argv"][2]
+    assert "kfac_step_overhead_s" in seen["argv"][2]
     assert "SLURM_PROCID" not in seen["env"] and seen["env"]["OMP_NUM_THREADS"] == "1"

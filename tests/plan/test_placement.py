@@ -5,16 +5,18 @@ prices equal the preconditioner's KAISA assignment at P = 8 … 1,024 for every 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
 
 from kfac_hpc import KFACPreconditioner
+from kfac_hpc.comm import collectives
 from kfac_hpc.comm.assignment import KAISAAssignment, valid_grad_worker_fractions
 from kfac_hpc.plan.alphabeta import AlphaBeta
 from kfac_hpc.plan.compute_costs import RatedCompute
 from kfac_hpc.plan.layers import INPUTS, model_shape
-from kfac_hpc.plan.model import CostModel, PlanConfig
+from kfac_hpc.plan.model import CostModel, PlanConfig, bucket_bytes, kfac_assignment
 from kfac_hpc.plan.placement import algorithm_s, nic_sharing, price_s, span
 from kfac_hpc.plan.profiles import MachineProfile, NetworkProfile
 from kfac_hpc.train.config import TrainConfig
@@ -120,24 +122,35 @@ def test_nic_sharing_counts_the_groups_crossing_nodes_on_the_busiest_node() -> N
 
 def test_hybrid_broadcasts_on_two_nodes_of_two() -> None:
     """P = 4, W = 2: rows {0,1}, {2,3} inside the nodes; columns {0,2}, {1,3} across them,
-    both leaving each node through its one NIC at once."""
+    both leaving each node through its one NIC at once. Each source's tensors in a group go
+    as one broadcast (the preconditioner's AsyncBroadcaster: one bucket under 25 MiB)."""
     shape = model_shape("small_cnn", "digits")
     machine = MachineProfile("gpu", 1e12, 1e11, 1e12, 1e10)
     model = CostModel(shape, RatedCompute(machine, shape), _net(1))
     cfg = PlanConfig("kfac-hybrid-opt", 4, 64, "weak", 1, 1)
     pred = model.predict(cfg)
+    assignment = kfac_assignment(shape, cfg)
     # + each phase's busiest rank's lead over the mean: the others wait in the broadcasts
     eigh, precondition = rank_work(model, cfg)
-    grads = sum(A2 + layer.grad_elements * 4 * B2 * 2 for layer in shape.layers)
+    columns: dict[tuple[int, ...], dict[int, int]] = {}  # column -> source -> bytes
+    for n, layer in enumerate(shape.layers):
+        for column in assignment.columns:
+            source = assignment.grad_source(f"{n}", column[0])
+            sent = columns.setdefault(tuple(column), {})
+            sent[source] = sent.get(source, 0) + layer.grad_elements * 4
+    grads = max(sum(A2 + b * B2 * 2 for b in sent.values()) for sent in columns.values())
     assert pred.phases_s["grad_broadcast"] == pytest.approx(grads + spread(precondition))
-    # second-order data: A from its worker, G and the outer product from its worker, in a row
-    rows = [0.0, 0.0]
-    collectives = model.kfac_collectives(PlanConfig("kfac-hybrid-opt", 4, 64, "weak", 1, 1))
-    for c in collectives:
-        if c.phase == "inverse_comm":
-            assert c.members in ((0, 1), (2, 3))
-            rows[c.members[0] // 2] += A1 + c.nbytes * B1
-    assert pred.phases_s["inverse_comm"] == pytest.approx(max(rows) + spread(eigh))
+    # second-order data: A's eigenvectors and eigenvalues from its worker, G's from its
+    # worker, one broadcast a source in each row; no eigenvalue outer product is sent
+    rows: dict[tuple[int, ...], dict[int, int]] = {}  # row -> source -> bytes
+    for n, layer in enumerate(shape.layers):
+        plan = assignment.plan(f"{n}")
+        sent = rows.setdefault(plan.grad_workers, {})
+        for worker, size in ((plan.a_worker, layer.n_a), (plan.g_worker, layer.n_g)):
+            sent[worker] = sent.get(worker, 0) + (size * size + size) * 4
+    assert set(rows) == {(0, 1), (2, 3)}
+    inverse = max(sum(A1 + b * B1 for b in sent.values()) for sent in rows.values())
+    assert pred.phases_s["inverse_comm"] == pytest.approx(inverse + spread(eigh))
 
 
 def _preconditioner_layers() -> tuple[KFACPreconditioner, list[str]]:
@@ -164,22 +177,51 @@ def test_priced_groups_are_the_preconditioners_assignment(ranks: int) -> None:
         )
         cfg = PlanConfig("kfac-comm-opt", ranks, 64, "weak", grad_worker_fraction=fraction)
         priced = model.kfac_collectives(cfg)
+        # one broadcast per source and group (every source's tensors fit one bucket)
         expect_inverse = sorted(
-            (real.plan(name).grad_workers, root)
-            for name in names
-            for root in (real.plan(name).a_worker, real.plan(name).g_worker)
-            if len(real.plan(name).grad_workers) > 1
+            {
+                (real.plan(name).grad_workers, root)
+                for name in names
+                for root in (real.plan(name).a_worker, real.plan(name).g_worker)
+                if len(real.plan(name).grad_workers) > 1
+            }
         )
         got_inverse = sorted((c.members, c.root) for c in priced if c.phase == "inverse_comm")
         assert got_inverse == expect_inverse
         expect_grads = sorted(
-            (column, real.grad_source(name, column[0]))
-            for column in real.columns
-            if len(column) > 1
-            for name in names
+            {
+                (column, real.grad_source(name, column[0]))
+                for column in real.columns
+                if len(column) > 1
+                for name in names
+            }
         )
         got_grads = sorted((c.members, c.root) for c in priced if c.phase == "grad_broadcast")
         assert got_grads == expect_grads
-        workers = round(fraction * ranks)
-        assert len(got_grads) == (len(names) * workers if workers < ranks else 0)
+        sent = sum(c.nbytes for c in priced if c.phase == "grad_broadcast")
+        workers = round(fraction * ranks)  # the columns: each gets every layer's gradient
+        columns = workers if workers < ranks else 0
+        assert sent == columns * sum(layer.grad_elements * 4 for layer in shape.layers)
         assert math.isfinite(model.predict(cfg).step_s)
+
+
+@pytest.mark.parametrize("cap_mb", [25.0, 1.0, 0.0])
+def test_broadcast_buckets_are_the_broadcasters(
+    cap_mb: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bucket_bytes against the preconditioner's AsyncBroadcaster queueing the same tensors
+    (its launches recorded instead of sent)."""
+    monkeypatch.setattr(collectives, "group_size", lambda group=None: 2)
+    launched: list[int] = []
+
+    class Recording(collectives.AsyncBroadcaster):
+        def _launch(self, bucket: Any) -> None:
+            launched.append(bucket.nbytes)
+
+    sizes = [4 * n for n in (513 * 513, 513, 64 * 64, 64, 300_000, 10, 10, 400_000, 7)]
+    broadcaster = Recording(bucket_cap_mb=cap_mb)
+    for size in sizes:
+        broadcaster.broadcast(torch.empty(size // 4), src=0, group=None)
+    broadcaster.flush()
+    assert bucket_bytes(sizes, cap_mb * 2**20) == launched
+    assert sum(launched) == sum(sizes)

@@ -82,3 +82,18 @@ def test_mem_opt_ranks_wait_for_the_busiest_in_the_gradient_broadcast() -> None:
     grads = [c for c in model.kfac_collectives(cfg) if c.phase == "grad_broadcast"]
     expected = lanes_s(model.network, grads) + spread(eigh) / 10 + spread(precondition)
     assert phases["grad_broadcast"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("a", [1e-6, 100.0])
+def test_the_lead_and_the_sync_wait_overlap(a: float) -> None:
+    """The ranks done early wait for the busiest; the sync fit's wait (after work every rank
+    does alike: the least rank's) plays out meanwhile: the larger of the two, not their sum."""
+    b = 0.5
+    model = _model(Host(sync=((2, a, b),)))
+    cfg = PlanConfig("kfac-comm-opt", 4, 64, "weak", 1, 10)
+    eigh, _ = rank_work(model, cfg)
+    phases = model.predict(cfg).phases_s
+    broadcasts = lanes_s(model.network, model.kfac_collectives(cfg))
+    wait = max(spread(eigh), a + b * min(eigh))
+    assert wait == (spread(eigh) if a < 1 else a + b * min(eigh))  # both regimes met
+    assert phases["inverse_comm"] == pytest.approx((broadcasts + wait) / 10)
