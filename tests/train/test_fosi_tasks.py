@@ -1,6 +1,7 @@
-"""The task types of FOSI's paper as workloads (kfac_hpc/train/fosi_tasks.py): the digits
-reconstruction data, the autoencoder, multinomial logistic regression, and the evaluation of a
-regression; checked against independent numpy arithmetic, and one real job run."""
+"""The task types of FOSI's paper as workloads (kfac_hpc/train/fosi_tasks.py): the digits and
+MNIST-1D reconstruction data, the autoencoder, multinomial logistic regression, and the
+evaluation of a regression; checked against independent numpy arithmetic, and one real job
+run."""
 
 from __future__ import annotations
 
