@@ -4,6 +4,9 @@
   ``--model kfac_hpc.train.fosi_tasks:autoencoder``: a fully connected autoencoder that
   reconstructs each standardized 8x8 digit (64 numbers) through a narrow code; the loss and the
   quality metric are the mean squared error per pixel (lower is better: ``--target-loss``).
+* ``--dataset kfac_hpc.train.fosi_tasks:mnist1d_reconstruction``: the same reconstruction task
+  on the MNIST-1D sequences (40 numbers each), for wider autoencoders such as FOSI's paper's
+  ``--model-arg widths=1000-500-250-30``, whose forward and backward dominate a step.
 * ``--dataset digits --model kfac_hpc.train.fosi_tasks:logistic``: multinomial logistic
   regression, one ``Linear`` from the flattened input to the class logits (cross-entropy).
 
@@ -18,10 +21,10 @@ import math
 import torch
 from torch import nn
 
-from kfac_hpc.train.data import DataSource, digits_arrays, digits_split
+from kfac_hpc.train.data import DataSource, digits_arrays, digits_split, mnist1d
 from kfac_hpc.train.workloads import FactoryContext
 
-__all__ = ["autoencoder", "digits_reconstruction", "logistic", "mse"]
+__all__ = ["autoencoder", "digits_reconstruction", "logistic", "mnist1d_reconstruction", "mse"]
 
 # the autoencoder's encoder widths, input side first (the decoder mirrors them)
 DEFAULT_WIDTHS = (128, 32, 8)
@@ -45,6 +48,29 @@ def digits_reconstruction(ctx: FactoryContext) -> DataSource:
         "digits_reconstruction",
         (x.shape[1],),
         x.shape[1],  # the outputs: one per pixel
+        len(xtr),
+        len(xte),
+        lambda idx: (xtr[idx], xtr[idx]),
+        lambda idx: (xte[idx], xte[idx]),
+        loss=mse,
+        metric="loss",
+    )
+
+
+def mnist1d_reconstruction(ctx: FactoryContext) -> DataSource:
+    """MNIST-1D's sequences (``--num-samples`` training ones, mnist1d's own train/test split) as
+    flat 40-vectors, standardized per position over the training sequences, each its own
+    target."""
+    source = mnist1d(ctx)
+    xtr, _ = source.train(torch.arange(source.train_len))
+    xte, _ = source.test(torch.arange(source.test_len))
+    xtr, xte = xtr.flatten(1), xte.flatten(1)
+    mean, std = xtr.mean(dim=0), xtr.std(dim=0)
+    xtr, xte = (xtr - mean) / std, (xte - mean) / std
+    return DataSource(
+        "mnist1d_reconstruction",
+        (xtr.shape[1],),
+        xtr.shape[1],  # the outputs: one per position
         len(xtr),
         len(xte),
         lambda idx: (xtr[idx], xtr[idx]),

@@ -1,6 +1,7 @@
-"""The task types of FOSI's paper as workloads (kfac_hpc/train/fosi_tasks.py): the digits
-reconstruction data, the autoencoder, multinomial logistic regression, and the evaluation of a
-regression; checked against independent numpy arithmetic, and one real job run."""
+"""The task types of FOSI's paper as workloads (kfac_hpc/train/fosi_tasks.py): the digits and
+MNIST-1D reconstruction data, the autoencoder, multinomial logistic regression, and the
+evaluation of a regression; checked against independent numpy arithmetic, and one real job
+run."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from kfac_hpc.train.config import TrainConfig
@@ -21,6 +23,7 @@ from tests.conftest import clean_env
 from .conftest import KFAC_HPC, explain
 
 RECON = "kfac_hpc.train.fosi_tasks:digits_reconstruction"
+RECON_1D = "kfac_hpc.train.fosi_tasks:mnist1d_reconstruction"
 AE = "kfac_hpc.train.fosi_tasks:autoencoder"
 LOGREG = "kfac_hpc.train.fosi_tasks:logistic"
 
@@ -43,6 +46,24 @@ def test_the_reconstruction_data_are_the_standardized_digits_as_their_own_target
     np.testing.assert_allclose(x.numpy(), want, rtol=0, atol=1e-5)
     out = torch.zeros_like(x)
     assert abs(source.loss(out, y).item() - float((want**2).mean())) < 1e-5
+
+
+def test_the_mnist1d_reconstruction_data_are_mnist1d_standardized_as_their_own_targets() -> None:
+    pytest.importorskip("mnist1d")
+    source = load_data(TrainConfig(dataset=RECON_1D, num_samples=200))
+    plain = load_data(TrainConfig(dataset="mnist1d", num_samples=200))
+    assert (source.train_len, source.test_len) == (plain.train_len, plain.test_len) == (200, 50)
+    assert source.shape == (40,) and source.num_classes == 40 and source.metric == "loss"
+    x, y = source.train(torch.arange(source.train_len))
+    xt, yt = source.test(torch.arange(source.test_len))
+    assert torch.equal(x, y) and torch.equal(xt, yt)  # the input is the target
+    # mnist1d's split, standardized per position with the training sequences' statistics
+    # (numpy, float64)
+    raw = plain.train(torch.arange(plain.train_len))[0].numpy().astype(np.float64)[:, 0, :]
+    raw_test = plain.test(torch.arange(plain.test_len))[0].numpy().astype(np.float64)[:, 0, :]
+    mean, std = raw.mean(0), raw.std(0, ddof=1)
+    np.testing.assert_allclose(x.numpy(), (raw - mean) / std, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(xt.numpy(), (raw_test - mean) / std, rtol=0, atol=1e-5)
 
 
 def test_the_autoencoder_maps_back_to_the_input_through_its_code() -> None:
