@@ -43,18 +43,7 @@ def digits_reconstruction(ctx: FactoryContext) -> DataSource:
     train, test = digits_split(len(x))
     mean, std = x[train].mean(dim=0), x[train].std(dim=0)
     x = (x - mean) / std.clamp_min(0.1)  # a pixel that is (almost) always blank stays ~0
-    xtr, xte = x[train], x[test]
-    return DataSource(
-        "digits_reconstruction",
-        (x.shape[1],),
-        x.shape[1],  # the outputs: one per pixel
-        len(xtr),
-        len(xte),
-        lambda idx: (xtr[idx], xtr[idx]),
-        lambda idx: (xte[idx], xte[idx]),
-        loss=mse,
-        metric="loss",
-    )
+    return _reconstruction("digits_reconstruction", x[train], x[test])
 
 
 def mnist1d_reconstruction(ctx: FactoryContext) -> DataSource:
@@ -66,11 +55,15 @@ def mnist1d_reconstruction(ctx: FactoryContext) -> DataSource:
     xte, _ = source.test(torch.arange(source.test_len))
     xtr, xte = xtr.flatten(1), xte.flatten(1)
     mean, std = xtr.mean(dim=0), xtr.std(dim=0)
-    xtr, xte = (xtr - mean) / std, (xte - mean) / std
+    return _reconstruction("mnist1d_reconstruction", (xtr - mean) / std, (xte - mean) / std)
+
+
+def _reconstruction(name: str, xtr: torch.Tensor, xte: torch.Tensor) -> DataSource:
+    """Flat training and test vectors, each its own target; the loss and metric are the MSE."""
     return DataSource(
-        "mnist1d_reconstruction",
+        name,
         (xtr.shape[1],),
-        xtr.shape[1],  # the outputs: one per position
+        xtr.shape[1],  # the outputs: one per input number
         len(xtr),
         len(xte),
         lambda idx: (xtr[idx], xtr[idx]),
