@@ -3,7 +3,9 @@
 ``.venv/bin/python benchmarks/bench_fosi_step.py`` times ``optimizer.step()`` alone (not the
 forward or backward pass) over consecutive training steps of the digits autoencoder's shape
 (kfac_hpc.train.fosi_tasks.autoencoder: 64-128-32-8-32-128-64, tanh, 25,480 parameters; batches
-of 64 random inputs, its own reconstruction target) for four optimizers: SGD (lr 0.01, momentum
+of 64 random inputs, its own reconstruction target; ``--widths`` another fully connected
+shape, e.g. ``40-1000-500-250-30-250-500-1000-40``, the wide MNIST-1D autoencoder's) for four
+optimizers: SGD (lr 0.01, momentum
 0.9), FOSI around it, Adam (lr 1e-3) and FOSI around it. FOSI has a spectrum installed
 (``set_spectrum``: k = 10 orthonormal random eigenvectors) and no ESE is due, so its time is
 the cost of every step between two ESEs. Each step is preceded by ``zero_grad(set_to_none=True)``
@@ -35,18 +37,18 @@ from torch import nn
 
 from kfac_hpc.optim.fosi import FOSI
 
-WIDTHS = (64, 128, 32, 8, 32, 128, 64)
+WIDTHS = "64-128-32-8-32-128-64"  # the digits autoencoder's layer widths
 BATCH = 64
 K = 10
 WARM = 20
 
 
-def _model() -> nn.Module:
+def _model(widths: tuple[int, ...]) -> nn.Module:
     torch.manual_seed(0)
     layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(itertools.pairwise(WIDTHS)):
+    for i, (a, b) in enumerate(itertools.pairwise(widths)):
         layers.append(nn.Linear(a, b))
-        if i < len(WIDTHS) - 2:
+        if i < len(widths) - 2:
             layers.append(nn.Tanh())
     return nn.Sequential(*layers)
 
@@ -80,11 +82,11 @@ def _add_baseline(package: str) -> None:
 class Run:
     """One model and optimizer, stepped on fixed random batches."""
 
-    def __init__(self, name: str) -> None:
-        self.model = _model()
+    def __init__(self, name: str, widths: tuple[int, ...]) -> None:
+        self.model = _model(widths)
         self.optimizer = BUILDERS[name](self.model)
         gen = torch.Generator().manual_seed(2)
-        self.batches = [torch.randn(BATCH, WIDTHS[0], generator=gen) for _ in range(4)]
+        self.batches = [torch.randn(BATCH, widths[0], generator=gen) for _ in range(4)]
         self.count = 0
 
     def steps(self, count: int) -> float:
@@ -106,7 +108,14 @@ def main() -> int:
     parser.add_argument("--steps", type=harness.positive_int, default=200)
     parser.add_argument("--profile", choices=sorted(BUILDERS), help="cProfile this optimizer")
     parser.add_argument("--baseline", help="another copy of the package to compare, by name")
+    parser.add_argument("--widths", default=WIDTHS, help="the layer widths, '-'-joined")
     args = parser.parse_args()
+    try:
+        widths = tuple(int(w) for w in args.widths.split("-"))
+    except ValueError:
+        parser.error(f"--widths: {args.widths!r} is not integers joined by '-'")
+    if len(widths) < 2 or min(widths) < 1:
+        parser.error(f"--widths: {args.widths!r}: give at least two positive widths")
     torch.set_num_threads(1)
     pairs = list(PAIRS)
     if args.baseline:
@@ -114,7 +123,7 @@ def main() -> int:
         pairs += [("old-fosi-sgd", "sgd"), ("old-fosi-adam", "adam")]
         pairs += [("fosi-sgd", "old-fosi-sgd"), ("fosi-adam", "old-fosi-adam")]
     if args.profile:
-        run = Run(args.profile)
+        run = Run(args.profile, widths)
         run.steps(WARM)
         profiler = cProfile.Profile()
         profiler.enable()
@@ -123,7 +132,7 @@ def main() -> int:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
         return 0
     bench = harness.Benchmark("bench_fosi_step")
-    runs = {name: Run(name) for name in BUILDERS}
+    runs = {name: Run(name, widths) for name in BUILDERS}
     for run in runs.values():
         run.steps(WARM)
     ms = harness.interleave(

@@ -356,11 +356,13 @@ class FOSI(torch.optim.Optimizer):
         g1 = c_g @ V
         v.mul_(o.momentum).add_(g1, alpha=1 - o.momentum)
         # the base adds its weight decay itself: it gets the loss gradient minus g1
-        d1 = self._newton_step(c_v)
         self.sharded_base.step(g - g1)
         d2 = self.local.sub_(theta)  # the base's update d2, in the buffer
-        d2 -= self.shard.allreduce(V @ d2) @ V
-        d2.mul_(self._scale()).add_(theta).add_(d1)  # θ + s·d2 + d1, the same operations
+        # θ + s·(d2 − Vᵀ(V d2)) + d1 = θ + s·d2 + Vᵀ(c1 − s·V d2), c1 d1's coefficients: one
+        # pass over V for the projection and the Newton step together
+        scale = self._scale()
+        c_d2 = self.shard.allreduce(V @ d2)
+        d2.mul_(scale).add_(theta).add_((self._newton_coefficients(c_v) - scale * c_d2) @ V)
 
     def _schedule(self) -> None:
         """After a synchronous ESE: how far the subspace moved since the last one (recorded),
@@ -382,15 +384,21 @@ class FOSI(torch.optim.Optimizer):
         assert V is not None and v is not None and self.sharded_base is not None
         wd = self.sharded_base.weight_decay(g.dtype)
         objective = g if wd is None else g + wd * theta
-        coeffs = self.shard.allreduce(torch.stack([V @ objective, V @ v]))
+        # both products in one pass over V
+        coeffs = self.shard.allreduce(torch.stack([objective, v]) @ V.T)
         beta = self.options.momentum
         return coeffs[0], beta * coeffs[1] + (1 - beta) * coeffs[0]
+
+    def _newton_coefficients(self, c_v: torch.Tensor) -> torch.Tensor:
+        """The coefficients −α |λ|⁻¹ ⊙ c_v of the Newton step d1 in the rows of V, from the
+        velocity's coefficients ``c_v``."""
+        lam = self.eigenvalues.abs().to(c_v.dtype)
+        return -self.options.alpha * (c_v / lam)
 
     def _newton_step(self, c_v: torch.Tensor) -> torch.Tensor:
         """d1 = −α Vᵀ(|λ|⁻¹ ⊙ V v) from the velocity's coefficients ``c_v``."""
         assert self.vectors is not None
-        lam = self.eigenvalues.abs().to(c_v.dtype)
-        return -self.options.alpha * ((c_v / lam) @ self.vectors)
+        return self._newton_coefficients(c_v) @ self.vectors
 
     def _scale(self) -> float:
         """s = clip(λ_max / λ_k, 1, clip), at most 1 / (η λ_k) (η: the base's steady-state
