@@ -1,13 +1,16 @@
 """`kfac-hpc plan` with a profile calibrated on the local Slurm cluster, against real runs there.
 
-    .venv/bin/python benchmarks/bench_plan_site.py [--rounds 2] [--steps 60] [--check]
+    .venv/bin/python benchmarks/bench_plan_site.py [--rounds 2] [--steps 60] [--methods sgd,fosi]
+        [--work-dir DIR] [--check]
 
 Needs the local cluster running (``bash slurm/cluster.sh start``, ``SLURM_CONF`` exported; run
 it under the cluster's lock where others share it). One invocation: ``kfac-hpc plan calibrate``
 under ``srun`` on 2 nodes of 2 ranks (both links measured, gloo), then per round, in rotating
 order, real ``kfac-hpc train`` runs of the small CNN on digits (global batch 128, strong
 scaling, factors every step, inverses every 10) under ``srun`` on 2 and 4 nodes of one rank
-each, SGD and K-FAC COMM-OPT. Each run is predicted from its own ``config.json`` with the
+each, SGD, K-FAC COMM-OPT and FOSI (DHO2: k = 4, 16 Lanczos steps, full reorthogonalization,
+float64 basis, an ESE every 10 steps from step 10: 5 ESEs in 60 steps; ``--methods`` picks
+some of them). Each run is predicted from its own ``config.json`` with the
 calibrated profile (``kfac_hpc.plan.explain.predicted_vs_measured``: the path of
 ``kfac-hpc plan --explain``); measured: ``run.json``'s per-step means. Per run and phase:
 predicted / measured, median (min-max) over rounds. Target (issue 29): every phase within
@@ -40,7 +43,13 @@ from kfac_hpc.plan.planner import build_cost_model
 TOLERANCE = 0.20
 MODEL, DATASET, BATCH = "small_cnn", "digits", 128
 NODES = (2, 4)
-METHODS = {"sgd": ["--no-kfac"], "kfac-comm-opt": ["--kfac", "--grad-worker-fraction", "comm-opt"]}
+FOSI = ["--fosi", "--fosi-k", "4", "--lanczos-iters", "16", "--fosi-warmup", "10"]
+FOSI += ["--ese-every", "10", "--fosi-reorthogonalize", "full", "--fosi-lanczos-dtype", "float64"]
+METHODS = {
+    "sgd": ["--no-kfac"],
+    "kfac-comm-opt": ["--kfac", "--grad-worker-fraction", "comm-opt"],
+    "fosi": FOSI,
+}
 SRUN = ["srun", "--mpi=pmi2", "-t", "10"]
 PYTHON = [sys.executable, "-m", "kfac_hpc"]
 
@@ -107,12 +116,23 @@ def _run(argv: list[str]) -> None:
 def main() -> int:
     parser = harness.parser(__doc__, rounds=2)
     parser.add_argument("--steps", type=int, default=60, help="steps per run")
+    parser.add_argument(
+        "--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}"
+    )
+    parser.add_argument(
+        "--work-dir", type=Path, help="keep the profile and run directories here (re-predictable)"
+    )
     args = parser.parse_args()
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown or not methods:
+        raise SystemExit(f"--methods: {unknown or 'none'}; choose from {', '.join(METHODS)}")
     if not os.environ.get("SLURM_CONF"):
         raise SystemExit("SLURM_CONF is not set: start the cluster (bash slurm/cluster.sh start)")
     bench = harness.Benchmark("bench_plan_site")
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+        root = Path(tmp) if args.work_dir is None else args.work_dir
+        root.mkdir(parents=True, exist_ok=True)
         site = root / "site.toml"
         calibrate(site)
         planned = build_cost_model(MODEL, DATASET, str(site))
@@ -147,7 +167,7 @@ def main() -> int:
 
             return run
 
-        variants = {f"{m}@{n}": point(n, m) for n in NODES for m in METHODS}
+        variants = {f"{m}@{n}": point(n, m) for n in NODES for m in methods}
         measured = harness.interleave(variants, args.rounds)
     results: dict[str, Any] = {"profile": planned.source, "points": {}}
     results["profile_text"] = profile_lines
@@ -194,7 +214,7 @@ def main() -> int:
         met["fits"],
         total,
         ">=",
-        note="small CNN, 2 and 4 Slurm nodes, SGD and COMM-OPT; module fits",
+        note=f"small CNN, 2 and 4 Slurm nodes, {', '.join(methods)}; module fits",
     )
     bench.target("... of which the step (runs)", step_met["fits"], len(measured), ">=")
     bench.target(

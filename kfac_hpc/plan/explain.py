@@ -27,8 +27,9 @@ _STRATEGIES = {
 
 def config_of_run(config: dict[str, Any]) -> PlanConfig:
     """The plan configuration of a run's ``config.json`` (resolved, with ``world_size``),
-    its FOSI options (the ESE's curvature fraction, basis dtype, reorthogonalization, kept
-    basis) included.
+    every FOSI option the plan prices included (k, l, the ESE's interval, warm-up, Lanczos
+    steps, curvature fraction, basis dtype, reorthogonalization, kept basis, subspace check)
+    and the run's ``steps`` (None for a run of ``epochs``: the ESE's steady state).
 
     A numeric ``grad_worker_fraction`` maps to the named strategy it equals (1 → comm-opt,
     0.5 → hybrid-opt, 1/P → mem-opt); other fractions raise ``ValueError``.
@@ -63,6 +64,9 @@ def config_of_run(config: dict[str, Any]) -> PlanConfig:
         fosi_lanczos_dtype=str(_get(config, "fosi_lanczos_dtype")),
         fosi_reorthogonalize=str(_get(config, "fosi_reorthogonalize")),
         fosi_keep_basis=bool(_get(config, "fosi_keep_basis")),
+        fosi_warmup=int(_get(config, "fosi_warmup")),
+        fosi_ese_check=bool(_get(config, "fosi_ese_check")),
+        steps=None if _get(config, "steps") is None else int(_get(config, "steps")),
     )
 
 

@@ -92,6 +92,9 @@ class PlanConfig:
     fosi_lanczos_dtype: str = _fosi_default("fosi_lanczos_dtype")
     fosi_reorthogonalize: str = _fosi_default("fosi_reorthogonalize")
     fosi_keep_basis: bool = _fosi_default("fosi_keep_basis")
+    fosi_warmup: int = _fosi_default("fosi_warmup")
+    fosi_ese_check: bool = _fosi_default("fosi_ese_check")
+    steps: int | None = None  # the run's steps (None: a long run, the ESE's steady state)
 
     @property
     def kfac(self) -> bool:
@@ -110,6 +113,17 @@ class PlanConfig:
         """The share of the local batch an ESE's products differentiate (the job's leading
         ⌈f · B⌉ rows, at least one; f = ``fosi_curvature_fraction``)."""
         return subset_size(self.local_batch, self.fosi_curvature_fraction) / self.local_batch
+
+    @property
+    def ese_per_step(self) -> float:
+        """ESEs a step, as the job's ``ese`` phase averages them: over a run of ``steps``
+        steps, the ESEs it runs (at steps ``fosi_warmup``, ``fosi_warmup`` + ``ese_every``,
+        … below ``steps``) per step; without ``steps``, ``1 / ese_every``."""
+        if self.steps is None:
+            return 1 / self.ese_every
+        if self.steps <= self.fosi_warmup:
+            return 0.0
+        return math.ceil((self.steps - self.fosi_warmup) / self.ese_every) / self.steps
 
     def memory_config(self) -> MemoryConfig:
         """The memory model's point of this configuration (its FOSI options included)."""
@@ -310,7 +324,7 @@ class CostModel:
         optimizer = self.compute.optimizer_s(cfg.local_batch)
         phases["optimizer"] = optimizer * slow
         if cfg.method == "fosi":
-            self._fosi(cfg, phases, slow, backward)
+            self._fosi(cfg, phases, slow, forward, backward)
         if cfg.kfac:
             self._kfac(cfg, phases, slow)
         memory = self.memory.predict(cfg.memory_config(), self.device).peak_bytes
@@ -410,48 +424,65 @@ class CostModel:
         ]
 
     def _fosi(
-        self, cfg: PlanConfig, phases: dict[str, float], slow: float, backward: float
+        self,
+        cfg: PlanConfig,
+        phases: dict[str, float],
+        slow: float,
+        forward: float,
+        backward: float,
     ) -> None:
-        """FOSI / DHO2 (docs/fosi.md): fill ``optimizer`` and ``ese``. Vectors and base state
-        are sharded over coordinates (n/P per rank).
+        """FOSI / DHO2 (docs/fosi.md): fill the phases as the job times them. Vectors and base
+        state are sharded over coordinates (n/P per rank): every step the gradient is
+        reduce-scattered (``grad_allreduce``), the shard updated (``optimizer``: the base
+        optimizer on n/P coordinates, the projections on the k + l vectors, one allreduce of
+        k + l numbers) and the parameters all-gathered (``param_allgather``).
 
-        The ESE as the job runs it from its options: m = ``lanczos_steps`` Lanczos steps
-        (capped at n), each a Hessian-vector product on the curvature batch, the leading
-        ⌈``fosi_curvature_fraction`` · B⌉ rows of the local batch B: ≈ 2 backward passes at B
-        times that share (per-kernel costs shrink with it too, so small shares read low); the
-        vector gathered and the product reduce-scattered in the parameters' dtype; the step's
-        passes over the shard in the basis' dtype (``fosi_lanczos_dtype``: 8 or 4 bytes; a
-        float64 basis adds the casts to and from the parameters' float32).
+        One ESE as the job runs it from its options, on the curvature batch (the leading
+        ⌈``fosi_curvature_fraction`` · B⌉ rows of the local batch B; its passes priced at B
+        times that share: per-kernel costs shrink with it too, so small shares read low): the
+        loss and its gradient with graph (a forward and a backward); m = ``lanczos_steps``
+        Lanczos steps (capped at n), each a Hessian-vector product (≈ 2 backward passes) of
+        the vector gathered, the product reduce-scattered, in the parameters' dtype, and the
+        step's passes over the shard in the basis' dtype (``fosi_lanczos_dtype``: 8 or 4 bytes;
+        a float64 basis adds the casts to and from the parameters' float32); the Ritz vectors
+        (the basis read once, k + l rows written); with ``fosi_ese_check``, the new subspace
+        step's loss (a forward) and one allreduce of two numbers.
         ``fosi_reorthogonalize``: ``full`` passes over the basis at every step (step j reads its
         j + 1 rows twice; DGKS's rare second pass not priced); ``partial`` passes only where
         the basis drifts from orthogonal, which follows the wanted pairs' convergence and
         cannot be told beforehand: priced as no pass (the fewest it makes; 0-4 of 40 measured,
         docs/fosi.md). Likewise ``lanczos_tol``'s early stop is not predicted: all m steps are
-        priced. ``fosi_keep_basis`` changes memory only (a fresh basis' first-touch page faults
-        are not priced)."""
+        priced, and ``fosi_adaptive_ese`` as its shortest interval, ``ese_every``.
+        ``fosi_keep_basis`` changes memory only (a fresh basis' first-touch page faults are not
+        priced). The phase is one ESE times ``cfg.ese_per_step``: the job's per-step mean over
+        the run, its warm-up included."""
         p, n = cfg.ranks, self.shape.params
         pairs = cfg.fosi_k + cfg.fosi_l
         iters = min(lanczos_steps(cfg.fosi_k, cfg.fosi_l, cfg.lanczos_iters), n)
         vector = n * _FLOAT_BYTES
         # a gather / reduce-scatter of n bytes moves half of what an allreduce of n bytes does
         half_allreduce = 0.5 * collective_s(self.network, "allreduce", vector, p)
-        # every step: the base optimizer on the shard, projections on the k + l vectors
-        # (2 reads of V's shard), one allreduce of k + l numbers, the update gathered
+        data = self.host.job.data_s_per_sample * cfg.local_batch
+        phases["grad_allreduce"] = half_allreduce + self._wait(p, data + forward + backward)
         rate = self._memory_rate(cfg.local_batch)
-        project = 2 * pairs * (vector / p) / rate
+        project = 2 * pairs * (vector / p) / rate  # V's shard read twice
         phases["optimizer"] = slow * (self.compute.optimizer_s(cfg.local_batch) / p + project)
         phases["optimizer"] += collective_s(self.network, "allreduce", pairs * 4, p)
-        phases["optimizer"] += half_allreduce
-        # every ese_every steps: the Lanczos steps
-        hvp = 2 * backward * cfg.curvature_share
+        phases["param_allgather"] = half_allreduce
+        share = cfg.curvature_share
+        passes = (forward + backward) + iters * 2 * backward
+        checked = 0.0
+        if cfg.fosi_ese_check:
+            passes += forward
+            checked = collective_s(self.network, "allreduce", 16, p)
         traffic, collectives = self._lanczos_steps(cfg, iters)
-        ese = slow * (iters * hvp + traffic / rate) + iters * 2 * half_allreduce + collectives
-        phases["ese"] = ese / cfg.ese_every
+        ese = slow * (share * passes + traffic / rate) + iters * 2 * half_allreduce
+        phases["ese"] = (ese + collectives + checked) * cfg.ese_per_step
 
     def _lanczos_steps(self, cfg: PlanConfig, iters: int) -> tuple[float, float]:
         """(bytes of elementwise traffic, seconds of collectives) of ``iters`` Lanczos steps
-        outside their products, as lanczos.py runs them in ``cfg``'s basis dtype and
-        reorthogonalization mode."""
+        outside their products and of the Ritz vectors they give, as lanczos.py runs them in
+        ``cfg``'s basis dtype and reorthogonalization mode."""
         p, shard = cfg.ranks, self.shape.params / cfg.ranks
         width = basis_element_bytes(cfg.fosi_lanczos_dtype)
         # a float64 basis: the vector cast to the parameters' dtype for the product, the
@@ -465,6 +496,8 @@ class CostModel:
             for j in range(iters):  # the basis' j + 1 rows read twice, j + 1 coefficients
                 traffic += shard * width * (2 * (j + 1) + _REORTH_PASSES)
                 collectives += collective_s(self.network, "allreduce", 8 * (j + 1), p) + one
+        # the Ritz vectors: the basis' rows read once, the k + l vectors written
+        traffic += shard * width * (iters + cfg.fosi_k + cfg.fosi_l)
         return traffic, collectives
 
     def _memory_rate(self, batch: int) -> float:

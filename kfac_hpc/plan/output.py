@@ -19,7 +19,7 @@ COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("factor", ("factor_compute", "factor_comm")),
     ("inverse", ("inverse_compute", "inverse_comm")),
     ("precond", ("precondition",)),
-    ("grad comm", ("grad_allreduce", "grad_broadcast")),
+    ("grad comm", ("grad_allreduce", "grad_broadcast", "param_allgather")),
     ("optim", ("optimizer",)),
     ("ese", ("ese",)),
 )

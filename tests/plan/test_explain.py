@@ -3,6 +3,7 @@ maps to the plan's configuration, and every phase gets a prediction beside its m
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -116,3 +117,32 @@ def test_plan_explain_prices_a_fosi_runs_ese_options(tmp_path: Path) -> None:
     cheap = config_of_run(config | ese)
     assert (cheap.fosi_curvature_fraction, cheap.fosi_reorthogonalize) == (0.25, "partial")
     assert runs["cheap"]["phases_s"]["ese"] < runs["default"]["phases_s"]["ese"]
+
+
+def test_a_real_fosi_run_gets_its_phases_and_its_ese_count(tmp_path: Path) -> None:
+    """A real FOSI run (one rank): every phase it times (the ESE and the parameters' all-gather
+    among them) gets a prediction beside its measurement, so "other" is what lies outside all
+    of them; and the plan's ESEs a step are the ESEs the run counted over its steps (warm-up 3,
+    every 4, 14 steps: at 3, 7 and 11), so its ``ese`` is the same per-step mean as run.json's."""
+    run_dir = tmp_path / "run"
+    args = ["--fosi", "--fosi-k", "2", "--lanczos-iters", "4", "--fosi-warmup", "3"]
+    args += ["--ese-every", "4", "--steps", "14", "--no-progress"]
+    out = run_plain(run_dir, *args)
+    assert out.returncode == 0, out.stderr[-2000:]
+    run = json.loads((run_dir / "run.json").read_text())
+    config = json.loads((run_dir / "config.json").read_text())
+    assert run["world_size"] == 1 and run["ese_count"] == 3
+    cfg = config_of_run(config)
+    assert (cfg.method, cfg.steps, cfg.fosi_warmup, cfg.ese_every) == ("fosi", 14, 3, 4)
+    assert cfg.ese_per_step == pytest.approx(run["ese_count"] / 14)
+    planned = build_cost_model("small_cnn", "digits", "a100-hdr200")
+    rows = predicted_vs_measured(planned, run_dir)
+    timed = {p for p, s in run["phases_s"].items() if s > 0}
+    assert {"ese", "grad_allreduce", "optimizer"} <= timed <= set(rows)
+    assert {"ese", "param_allgather", "grad_allreduce", "optimizer"} <= set(rows)
+    for phase, seconds in run["phases_s"].items():
+        assert rows[phase]["measured_s"] == pytest.approx(seconds), phase
+    rank_step = sum(run["rank_step_s"]) / len(run["rank_step_s"])
+    assert rows["other"]["measured_s"] == pytest.approx(rank_step - sum(run["phases_s"].values()))
+    one_ese = planned.model.predict(dataclasses.replace(cfg, steps=None)).phases_s["ese"] * 4
+    assert rows["ese"]["predicted_s"] == pytest.approx(one_ese * 3 / 14)

@@ -6,6 +6,8 @@ options. Checked against the arithmetic of docs/plan.md and lanczos.py written o
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kfac_hpc.contracts.options import OPTIONS
@@ -50,10 +52,18 @@ def _reorth_bytes(n_r: float, width: int, steps: int = 12) -> float:
     return sum(n_r * width * (2 * (j + 1) + 6) for j in range(steps))
 
 
+def _passes(model: CostModel, share: float = 1.0) -> tuple[float, float]:
+    """(forward, backward) seconds at the local batch 64 times the curvature share."""
+    forward, backward = model.compute.forward_backward_s(64)
+    return forward * share, backward * share
+
+
 def test_ese_at_one_rank_is_lanczos_iterations_of_two_backwards() -> None:
-    """Defaults (float64 basis, full): per step 2 backwards, 12 passes over n in float64 (⟨Hq, q⟩
-    and ‖Hq‖² 3, two updates 6, the norm 1, the new row 2), the casts to float32 and back (2 ×
-    (8 + 4) bytes) and the reorthogonalization pass; no collective at one rank."""
+    """Defaults (float64 basis, full, the subspace check): the loss and its gradient with graph
+    (a forward and a backward), per step 2 backwards, 12 passes over n in float64 (⟨Hq, q⟩ and
+    ‖Hq‖² 3, two updates 6, the norm 1, the new row 2), the casts to float32 and back (2 ×
+    (8 + 4) bytes) and the reorthogonalization pass, the Ritz vectors (12 rows read, 3
+    written), the check's forward; no collective at one rank."""
     model = _model()
     pred = model.predict(_cfg(1))
     sgd = model.predict(PlanConfig("sgd", 1, 64, "weak"))
@@ -61,12 +71,79 @@ def test_ese_at_one_rank_is_lanczos_iterations_of_two_backwards() -> None:
     rate = _rate(model)
     steps = 12 * n * (12 * 8 + 2 * (8 + 4)) / rate
     reorth = _reorth_bytes(n, 8) / rate
-    expected = 12 * 2 * sgd.phases_s["backward"] + steps + reorth
+    ritz = n * 8 * (12 + 3) / rate
+    forward, backward = sgd.phases_s["forward"], sgd.phases_s["backward"]
+    expected = forward + backward + 12 * 2 * backward + steps + reorth + ritz + forward
     assert pred.phases_s["ese"] * 50 == pytest.approx(expected, rel=1e-12)
     # FOSI's forward and backward are SGD's; its optimizer adds the projections on 3 vectors
     assert pred.phases_s["backward"] == pytest.approx(sgd.phases_s["backward"])
     projections = 2 * 3 * 4 * n / rate
     assert pred.phases_s["optimizer"] == pytest.approx(sgd.phases_s["optimizer"] + projections)
+    assert pred.phases_s["param_allgather"] == pred.phases_s["grad_allreduce"] == 0.0
+
+
+@pytest.mark.parametrize("reorthogonalize", ["full", "partial"])
+@pytest.mark.parametrize(("dtype", "width"), [("float64", 8), ("training", 4)])
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_ese_is_its_products_and_basis_passes(
+    reorthogonalize: str, dtype: str, width: int, ranks: int
+) -> None:
+    """One ESE, counted from lanczos.py and FOSI._estimate written out here: m = 12 products of
+    2 backwards each on the curvature batch (16 of 64 rows), each with the vector gathered and
+    the product reduce-scattered (half an allreduce of n float32 each); the loss and its
+    gradient once (a forward and a backward) and the subspace check's forward; per step 12
+    passes over the shard in the basis' bytes (+ 2 × (8 + 4) of casts for float64) and
+    allreduces of 16 and 8 bytes; full reorthogonalization: at step j two reads of the
+    basis' j + 1 rows, 6 passes over w, allreduces of 8(j + 1) and 8 bytes; the Ritz vectors
+    (12 rows read, 3 written); the check's allreduce of 16 bytes. Times from the profile's
+    own numbers: its forward and backward at the local batch, its optimizer's bytes per
+    second, its collectives."""
+    model = _model()
+    cfg = _cfg(ranks, fosi_curvature_fraction=0.25, fosi_lanczos_dtype=dtype,
+               fosi_reorthogonalize=reorthogonalize)  # fmt: skip
+    n, m, rate = model.shape.params, 12, _rate(model)
+    n_r = n / ranks
+    forward, backward = _passes(model, 16 / 64)
+    compute = forward + backward + m * 2 * backward + forward
+
+    def allreduce(nbytes: float) -> float:
+        return collective_s(NET, "allreduce", nbytes, ranks)
+
+    moves = m * 2 * 0.5 * allreduce(4 * n)
+    casts = 2 * (8 + 4) if width == 8 else 0
+    traffic = m * n_r * (12 * width + casts) + n_r * width * (m + 3)
+    scalars = m * (allreduce(16) + allreduce(8)) + allreduce(16)
+    if reorthogonalize == "full":
+        traffic += _reorth_bytes(n_r, width, m)
+        scalars += sum(allreduce(8 * (j + 1)) + allreduce(8) for j in range(m))
+    expected = compute + traffic / rate + moves + scalars
+    assert _ese(model, cfg) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_phase_is_the_jobs_per_step_mean_over_the_run() -> None:
+    """run.json's ``ese`` is the mean over every step of the run: the ESEs the job's schedule
+    (FOSI.ese_due: step >= warmup and (step - warmup) % ese_every == 0, steps 0 … S − 1) runs
+    in S steps, times one ESE, over S; without the run's steps, one ESE over ese_every."""
+    model = _model()
+    one = _ese(model, _cfg(2, 10))  # one ESE's seconds (steady state × interval)
+    for steps, warmup, every in ((60, 10, 10), (60, 20, 100), (61, 10, 10), (10, 10, 5),
+                                 (7, 0, 3), (100, 0, 1)):  # fmt: skip
+        count = sum(1 for s in range(steps) if s >= warmup and (s - warmup) % every == 0)
+        cfg = _cfg(2, every, fosi_warmup=warmup, steps=steps)
+        assert cfg.ese_per_step == count / steps
+        assert model.predict(cfg).phases_s["ese"] == pytest.approx(one * count / steps)
+    # the bench's runs: 5 ESEs in 60 steps, not 60 / 10
+    assert _cfg(2, 10, fosi_warmup=10, steps=60).ese_per_step == pytest.approx(1 / 12)
+
+
+def test_the_subspace_check_adds_a_forward_and_an_allreduce() -> None:
+    model = _model()
+    forward, _ = _passes(model)
+    for ranks in (1, 4):
+        checked = _ese(model, _cfg(ranks))
+        unchecked = _ese(model, _cfg(ranks, fosi_ese_check=False))
+        check = forward + collective_s(NET, "allreduce", 16, ranks)
+        assert checked - unchecked == pytest.approx(check, rel=1e-9)
 
 
 def test_ese_is_amortized_and_defaults_to_four_iterations_per_pair() -> None:
@@ -82,20 +159,27 @@ def test_sharded_base_and_its_collectives_at_p_ranks() -> None:
     pred = model.predict(_cfg(p))
     rate = 20 * n / model.compute.optimizer_s(64)
     local = model.compute.optimizer_s(64) / p + 2 * 3 * 4 * n / p / rate
-    comm = collective_s(NET, "allreduce", 3 * 4, p) + 0.5 * collective_s(NET, "allreduce", 4 * n, p)
-    assert pred.phases_s["optimizer"] == pytest.approx(local + comm)
+    scalars = collective_s(NET, "allreduce", 12, p)  # the k = 3 projections
+    assert pred.phases_s["optimizer"] == pytest.approx(local + scalars)
+    # the gradient reduce-scattered and the parameters all-gathered: half an allreduce each,
+    # in the job's own phases (no host: no sync wait)
+    half = 0.5 * collective_s(NET, "allreduce", 4 * n, p)
+    assert pred.phases_s["param_allgather"] == pytest.approx(half)
+    assert pred.phases_s["grad_allreduce"] == pytest.approx(half)
 
 
 @pytest.mark.parametrize(("fraction", "rows"), [(0.25, 16), (0.3, 20), (0.001, 1)])
 def test_the_products_run_on_the_curvature_batch(fraction: float, rows: int) -> None:
-    """At fraction f the products differentiate the job's ⌈f · 64⌉ leading rows: the ESE is
-    cheaper by exactly 12 × 2 backwards × (1 − rows / 64); nothing else moves."""
+    """At fraction f the ESE's passes differentiate the job's ⌈f · 64⌉ leading rows: the ESE
+    is cheaper by exactly (12 × 2 backwards + the loss's forward and backward + the check's
+    forward) × (1 − rows / 64); nothing else moves."""
     model = _model()
-    backward = model.predict(PlanConfig("sgd", 1, 64, "weak")).phases_s["backward"]
+    forward, backward = _passes(model)
     for ranks in (1, 4):
         whole = _ese(model, _cfg(ranks))
         part = _ese(model, _cfg(ranks, fosi_curvature_fraction=fraction))
-        assert whole - part == pytest.approx(12 * 2 * backward * (1 - rows / 64), rel=1e-9)
+        passes = 12 * 2 * backward + forward + backward + forward
+        assert whole - part == pytest.approx(passes * (1 - rows / 64), rel=1e-9)
         assert _cfg(ranks, fosi_curvature_fraction=fraction).curvature_share == rows / 64
 
 
@@ -111,7 +195,8 @@ def test_a_training_dtype_basis_moves_half_the_bytes() -> None:
         narrow = _ese(model, _cfg(ranks, fosi_lanczos_dtype="training"))
         steps = 12 * n_r * ((12 * 8 + 2 * (8 + 4)) - 12 * 4)
         reorth = _reorth_bytes(n_r, 8) - _reorth_bytes(n_r, 4)
-        assert wide - narrow == pytest.approx((steps + reorth) / rate, rel=1e-9)
+        ritz = n_r * (8 - 4) * (12 + 3)
+        assert wide - narrow == pytest.approx((steps + reorth + ritz) / rate, rel=1e-9)
         assert _reorth_bytes(n_r, 4) == _reorth_bytes(n_r, 8) / 2
 
 
@@ -161,24 +246,36 @@ def test_plan_takes_the_jobs_defaults_and_lanczos_steps() -> None:
     assert _ese(model, _cfg(1, iters=None)) != _ese(model, _cfg(1, iters=k3 + 1))
 
 
-def test_fosi_run_config_carries_the_ese_options() -> None:
-    """--explain reads the ESE's options from a run's config.json; one written before they
-    existed gets the job's defaults."""
+def _not_default(name: str) -> object:
+    """A value of option ``name`` other than the job's default."""
+    option = OPTIONS[name]
+    if option.choices:
+        return next(c for c in option.choices if c != option.default)
+    if option.kind == "bool":
+        return not option.default
+    if option.kind == "float":
+        return 0.25
+    return 16 if option.default is None else option.default + 3
+
+
+def test_fosi_run_config_carries_every_option_plan_prices() -> None:
+    """--explain reads every FOSI option of PlanConfig from a run's config.json (each set
+    apart from its default here, so a field left at its default fails), and the run's steps;
+    one written before they existed gets the job's defaults and the steady state."""
+    names = [f.name for f in dataclasses.fields(PlanConfig) if f.name.startswith("fosi_")]
+    names += ["ese_every", "lanczos_iters"]
+    assert {"fosi_k", "fosi_l", "fosi_warmup", "fosi_curvature_fraction", "fosi_lanczos_dtype",
+            "fosi_reorthogonalize", "fosi_keep_basis", "fosi_ese_check"} <= set(names)  # fmt: skip
     config = {"world_size": 2, "fosi": True, "kfac": False, "batch_size": 64}
     old = config_of_run(config)
-    assert (old.fosi_curvature_fraction, old.fosi_lanczos_dtype) == (1.0, "float64")
-    assert (old.fosi_reorthogonalize, old.fosi_keep_basis) == ("full", False)
-    cfg = config_of_run(
-        {
-            **config,
-            "fosi_curvature_fraction": 0.25,
-            "fosi_lanczos_dtype": "training",
-            "fosi_reorthogonalize": "partial",
-            "fosi_keep_basis": True,
-        }
-    )
-    assert (cfg.fosi_curvature_fraction, cfg.fosi_lanczos_dtype) == (0.25, "training")
-    assert (cfg.fosi_reorthogonalize, cfg.fosi_keep_basis) == ("partial", True)
+    for name in names:
+        assert getattr(old, name) == OPTIONS[name].default, name
+    assert old.steps is None and old.ese_per_step == 1 / OPTIONS["ese_every"].default
+    values = {name: _not_default(name) for name in names}
+    cfg = config_of_run({**config, **values, "steps": 60})
+    for name, value in values.items():
+        assert getattr(cfg, name) == value != OPTIONS[name].default, name
+    assert cfg.steps == 60
 
 
 def test_fosi_run_config_and_planner() -> None:
