@@ -15,7 +15,9 @@ its own passes: pass_timing.py). Also the job's optimizer update per parameter
 tensor (``optimizer_tensor_s``): on a CPU its update loops over the tensors, and a small
 model's update is mostly that loop. And what the K-FAC preconditioner's forward hook adds to
 a forward per layer (``kfac_forward_layer_s``), and what its ``step()`` takes beyond the
-phases it times (``kfac_step_overhead_s``).
+phases it times (``kfac_step_overhead_s``). And the per-element costs of what its
+``factor_compute`` phase runs after the factor reduction (``factor_average_element_s``: the
+running averages' update; ``finite_check_element_s``: the finiteness check).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from functools import partial
 import torch
 from torch import nn
 
+from kfac_hpc.contracts.options import OPTIONS
+from kfac_hpc.optim.factors import LayerFactors
+from kfac_hpc.optim.finite import all_finite
 from kfac_hpc.optim.layers import make_layer
 from kfac_hpc.optim.preconditioner import KFACPreconditioner
 from kfac_hpc.plan.calibrate import synchronize
@@ -42,9 +47,12 @@ from kfac_hpc.train.optimizers import make_optimizer
 
 __all__ = [
     "CONV_CHANNELS",
+    "FACTOR_SIDES",
     "LINEAR_WIDTHS",
     "MODULE_SAMPLES",
     "ModuleFits",
+    "factor_average_element_s",
+    "finite_check_element_s",
     "kfac_forward_layer_s",
     "kfac_step_overhead_s",
     "layer_curve",
@@ -206,6 +214,47 @@ def kfac_step_overhead_s(device: torch.device) -> float:
             outside.append(took - sum(preconditioner.last_timings.values()))
         optimizer.step()
     return max(0.0, statistics.fmean(outside))
+
+
+FACTOR_SIDES = (64, 128, 256, 512, 1024)  # factors from a small CNN's to a wide layer's
+
+
+def _factors(device: torch.device) -> list[torch.Tensor]:
+    """Symmetric factors of FACTOR_SIDES sides (the batch statistics a step folds in)."""
+    generator = torch.Generator().manual_seed(0)
+    out = []
+    for n in FACTOR_SIDES:
+        m = torch.randn(n, n, generator=generator).to(device)
+        out.append(m @ m.T / n)
+    return out
+
+
+def factor_average_element_s(device: torch.device) -> float:
+    """Seconds per element of the running averages' update as the preconditioner commits a
+    step's factors (``LayerFactors.commit``: ``lerp`` of the running factor toward the step's,
+    into a new tensor, factor after factor): one commit of every factor of FACTOR_SIDES over
+    their elements."""
+    steps = _factors(device)
+    decay = float(OPTIONS["factor_decay"].default)
+    running = [LayerFactors() for _ in steps]
+    for factors, step in zip(running, steps, strict=True):  # the first commit starts them
+        factors.set_pending("A", step.clone(), 1)
+        factors.commit(decay, keep_g=False)
+
+    def commit() -> None:
+        for factors, step in zip(running, steps, strict=True):
+            factors.set_pending("A", step, 1)
+            factors.commit(decay, keep_g=False)
+
+    return per_call_s(commit, device) / sum(t.numel() for t in steps)
+
+
+def finite_check_element_s(device: torch.device) -> float:
+    """Seconds per element of the preconditioner's finiteness check of a step's factors and
+    gradients (``all_finite``: one summing pass a tensor and one host sync): the check of
+    the factors of FACTOR_SIDES over their elements."""
+    tensors = _factors(device)
+    return per_call_s(partial(all_finite, tensors), device) / sum(t.numel() for t in tensors)
 
 
 Sample = tuple[Callable[[], nn.Module], tuple[int, ...]]  # a module's factory, its input shape
