@@ -2,8 +2,8 @@
 
 Both sources answer the same questions (seconds, on one rank): forward and backward of the
 whole model at a local batch, one layer's factor update, the factor commit (running averages
-and finiteness check) over a count of elements, one eigendecomposition of size n, one layer's
-preconditioning, and the optimizer's update of all parameters.
+and finiteness check) over counts of tensors and elements, one eigendecomposition of size n,
+one layer's preconditioning, and the optimizer's update of all parameters.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import statistics
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import nn
 
 from kfac_hpc.optim.layers import KFACLayer, make_layer
-from kfac_hpc.plan.layer_rates import factor_average_element_s, finite_check_element_s
+from kfac_hpc.plan.layer_rates import factor_average_costs, finite_check_costs
 from kfac_hpc.plan.layers import INPUTS, LayerShape, ModelShape, ModuleCost, build_network
 from kfac_hpc.plan.profiles import MachineProfile
 from kfac_hpc.train.config import TrainConfig
@@ -32,6 +32,7 @@ __all__ = [
     "ComputeCosts",
     "MeasuredCompute",
     "RatedCompute",
+    "Tensors",
     "layer_kind",
 ]
 
@@ -40,15 +41,22 @@ __all__ = [
 AVERAGE_BYTES, CHECK_BYTES = 3 * 4, 4
 
 
+class Tensors(NamedTuple):
+    """``number`` tensors of ``elements`` elements in all (means over ranks: fractional)."""
+
+    number: float
+    elements: float
+
+
 class ComputeCosts(Protocol):
     """``kfac``: with the K-FAC preconditioner's hooks on the model (they capture and, on
     factor steps, reduce the layer inputs and output gradients). ``factor_commit_s``: the
     preconditioner's commit of a step's factors after their reduction, the running averages'
-    update over ``averaged`` elements and the finiteness check over ``checked``."""
+    update over the ``averaged`` tensors and the finiteness check over the ``checked``."""
 
     def forward_backward_s(self, batch: int, kfac: bool = False) -> tuple[float, float]: ...
     def factor_s(self, layer: LayerShape, batch: int) -> float: ...
-    def factor_commit_s(self, averaged: float, checked: float) -> float: ...
+    def factor_commit_s(self, averaged: Tensors, checked: Tensors) -> float: ...
     def eigh_s(self, n: int) -> float: ...
     def layer_eigh_s(self, layer: LayerShape) -> float: ...
     def precondition_s(self, layer: LayerShape) -> float: ...
@@ -125,13 +133,20 @@ class RatedCompute:
             2 * self.machine.kernel_overhead_s
         )
 
-    def factor_commit_s(self, averaged: float, checked: float) -> float:
-        """At the profile's measured seconds per element (``factor_average_element_s``,
-        ``finite_check_element_s``), else at the elements' traffic at the memory rate."""
+    def factor_commit_s(self, averaged: Tensors, checked: Tensors) -> float:
+        """At the profile's measured seconds per tensor and per element
+        (``factor_average_*``, ``finite_check_*``), else a kernel launch per tensor and the
+        elements' traffic at the memory rate."""
         m = self.machine
-        average = m.factor_average_element_s or AVERAGE_BYTES / m.memory_bytes_per_s
-        check = m.finite_check_element_s or CHECK_BYTES / m.memory_bytes_per_s
-        return averaged * average + checked * check
+        average = (
+            m.factor_average_tensor_s or m.kernel_overhead_s,
+            m.factor_average_element_s or AVERAGE_BYTES / m.memory_bytes_per_s,
+        )
+        check = (
+            m.finite_check_tensor_s or m.kernel_overhead_s,
+            m.finite_check_element_s or CHECK_BYTES / m.memory_bytes_per_s,
+        )
+        return _priced(averaged, average) + _priced(checked, check)
 
     def eigh_s(self, n: int) -> float:
         return self.machine.eigh_s(n)
@@ -247,7 +262,8 @@ class MeasuredCompute:
         self._eigh: dict[int, float] = {}
         self._precondition: dict[str, float] = {}
         self._optimizer: dict[int, float] = {}  # the update after a step at each batch
-        self._commit: tuple[float, float] | None = None  # (averaged, checked) s per element
+        # (s per tensor, s per element) of the running averages' update, of the check
+        self._commit: tuple[tuple[float, float], tuple[float, float]] | None = None
 
     def _threads(self) -> _Threads:
         return _Threads(self.threads)
@@ -338,19 +354,21 @@ class MeasuredCompute:
         self.forward_backward_s(batch)
         return self._factor[(layer.name, batch)]
 
-    def factor_commit_s(self, averaged: float, checked: float) -> float:
-        """The per-element costs timed here (layer_rates.py), scaled to the real phase: the
-        real preconditioner on one rank averages every factor and checks every factor and
-        gradient."""
+    def factor_commit_s(self, averaged: Tensors, checked: Tensors) -> float:
+        """The per-tensor and per-element costs timed here (layer_rates.py), scaled to the
+        real phase: the real preconditioner on one rank averages every factor and checks
+        every factor and gradient."""
         if self._commit is None:
             with self._threads():
                 cpu = torch.device("cpu")
-                self._commit = factor_average_element_s(cpu), finite_check_element_s(cpu)
+                self._commit = factor_average_costs(cpu), finite_check_costs(cpu)
         average, check = self._commit
-        factors = sum(k.factor_elements for k in self._shapes)
-        whole = factors * average + (factors + self.shape.params) * check
+        factors = Tensors(2 * len(self._shapes), sum(k.factor_elements for k in self._shapes))
+        every = Tensors(factors.number + self.shape.param_tensors,
+                        factors.elements + self.shape.params)  # fmt: skip
+        whole = _priced(factors, average) + _priced(every, check)
         scale = self._scale(self._reference_batch(), "factor_compute", [whole])
-        return (averaged * average + checked * check) * scale
+        return (_priced(averaged, average) + _priced(checked, check)) * scale
 
     def _reference_batch(self) -> int:
         """A batch at which the real preconditioner was measured (for batch-free phases)."""
@@ -400,6 +418,11 @@ class MeasuredCompute:
         gradients instead, the small CNN's update read 0.08 ms against 0.2 ms in the job."""
         self.forward_backward_s(batch)
         return self._optimizer[batch]
+
+
+def _priced(tensors: Tensors, costs: tuple[float, float]) -> float:
+    """Seconds of ``tensors`` at ``costs`` (s per tensor, s per element)."""
+    return tensors.number * costs[0] + tensors.elements * costs[1]
 
 
 def _factors(layer: KFACLayer, a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, ...]:

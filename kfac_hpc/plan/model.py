@@ -23,7 +23,7 @@ from kfac_hpc.contracts import PHASES
 from kfac_hpc.contracts.options import OPTIONS
 from kfac_hpc.optim.fosi.curvature_batch import subset_size
 from kfac_hpc.optim.fosi.options import lanczos_steps
-from kfac_hpc.plan.compute_costs import ComputeCosts
+from kfac_hpc.plan.compute_costs import ComputeCosts, Tensors
 from kfac_hpc.plan.layers import ModelShape
 from kfac_hpc.plan.memory import (
     DeviceMemory,
@@ -342,8 +342,10 @@ class CostModel:
         # factors this rank keeps and of every gradient, the agreement across ranks (one
         # allreduce of a flag), the running averages' update of the factors it keeps; the
         # mean over ranks (the same work on each under COMM-OPT)
-        kept = factor_elements * factor_copies(assignment) / p
-        commit = self.compute.factor_commit_s(kept, kept + self.shape.params)
+        share = factor_copies(assignment) / p
+        kept = Tensors(2 * len(layers) * share, factor_elements * share)
+        checked = Tensors(kept.number + self.shape.param_tensors, kept.elements + self.shape.params)
+        commit = self.compute.factor_commit_s(kept, checked)
         agreement = collective_s(self.network, "allreduce", 4, p)
         # the factor GEMMs: in the backward hooks (priced in the backward), else here
         gemms = 0.0 if cfg.update_factors_in_hook else factors
