@@ -43,7 +43,9 @@ _JOB_OPTIONS = {
     "batch_size": "batch_size",
     "scaling": "scaling",
     "fosi_k": "fosi_k",
+    "fosi_l": "fosi_l",
     "ese_every": "ese_every",
+    "lanczos_iters": "lanczos_iters",
     "fosi_curvature_fraction": "fosi_curvature_fraction",
     "fosi_lanczos_dtype": "fosi_lanczos_dtype",
     "fosi_reorthogonalize": "fosi_reorthogonalize",
@@ -56,7 +58,9 @@ _JOB_OPTIONS = {
 # the FOSI flags, PlanConfig's fields of the same names
 _FOSI_FLAGS = (
     "fosi_k",
+    "fosi_l",
     "ese_every",
+    "lanczos_iters",
     "fosi_curvature_fraction",
     "fosi_lanczos_dtype",
     "fosi_reorthogonalize",
@@ -141,6 +145,11 @@ def _check_options(o: dict[str, Any]) -> None:
         )
     if o["fosi_k"] < 1:
         raise PlanInputError("fosi_k", f"{o['fosi_k']} must be >= 1 (the eigenpairs FOSI uses)")
+    pairs = o["fosi_k"] + o["fosi_l"]
+    if o["lanczos_iters"] is not None and o["lanczos_iters"] < pairs:  # as the job checks it
+        raise PlanInputError(
+            "lanczos_iters", f"{o['lanczos_iters']} must be >= k + l = {pairs}, or left out"
+        )
     low, high = int(_RANKS_PER_NODE.low), int(_RANKS_PER_NODE.high)
     if not low <= o["ranks_per_node"] <= high:
         raise PlanInputError("ranks_per_node", f"{o['ranks_per_node']} must be in [{low}, {high}]")
@@ -181,7 +190,9 @@ def _outputs(o: dict[str, Any]) -> tuple[Path | None, Path | None]:
     "--methods", default=",".join(METHODS), show_default=True, help="Also: fosi (FOSI / DHO2)."
 )
 @_job_flag("fosi_k", " (--methods fosi)")
+@_job_flag("fosi_l", " (--methods fosi)")
 @_job_flag("ese_every", " (--methods fosi)")
+@_job_flag("lanczos_iters", " (--methods fosi)")
 @_job_flag("fosi_curvature_fraction", " (--methods fosi)")
 @_job_flag("fosi_lanczos_dtype", " (--methods fosi)")
 @_job_flag("fosi_reorthogonalize", " (--methods fosi)")

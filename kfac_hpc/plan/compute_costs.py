@@ -1,7 +1,8 @@
 """Per-layer compute time: from a machine profile's rates, or measured on this machine.
 
 Both sources answer the same questions (seconds, on one rank): forward and backward of the
-whole model at a local batch, one layer's factor update, one eigendecomposition of size n,
+whole model at a local batch, one layer's factor update, the factor commit (running averages
+and finiteness check) over counts of tensors and elements, one eigendecomposition of size n,
 one layer's preconditioning, and the optimizer's update of all parameters.
 """
 
@@ -13,26 +14,49 @@ import statistics
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import nn
 
 from kfac_hpc.optim.layers import KFACLayer, make_layer
+from kfac_hpc.plan.layer_rates import factor_average_costs, finite_check_costs
 from kfac_hpc.plan.layers import INPUTS, LayerShape, ModelShape, ModuleCost, build_network
 from kfac_hpc.plan.profiles import MachineProfile
 from kfac_hpc.train.config import TrainConfig
 from kfac_hpc.train.optimizers import make_optimizer
 
-__all__ = ["ComputeCosts", "MeasuredCompute", "RatedCompute", "layer_kind"]
+__all__ = [
+    "AVERAGE_BYTES",
+    "CHECK_BYTES",
+    "ComputeCosts",
+    "MeasuredCompute",
+    "RatedCompute",
+    "Tensors",
+    "layer_kind",
+]
+
+# FP32 traffic per element of the factor commit: the running averages' ``lerp`` reads the
+# running and the step's factor and writes the new one; the finiteness check's sum reads it
+AVERAGE_BYTES, CHECK_BYTES = 3 * 4, 4
+
+
+class Tensors(NamedTuple):
+    """``number`` tensors of ``elements`` elements in all (means over ranks: fractional)."""
+
+    number: float
+    elements: float
 
 
 class ComputeCosts(Protocol):
     """``kfac``: with the K-FAC preconditioner's hooks on the model (they capture and, on
-    factor steps, reduce the layer inputs and output gradients)."""
+    factor steps, reduce the layer inputs and output gradients). ``factor_commit_s``: the
+    preconditioner's commit of a step's factors after their reduction, the running averages'
+    update over the ``averaged`` tensors and the finiteness check over the ``checked``."""
 
     def forward_backward_s(self, batch: int, kfac: bool = False) -> tuple[float, float]: ...
     def factor_s(self, layer: LayerShape, batch: int) -> float: ...
+    def factor_commit_s(self, averaged: Tensors, checked: Tensors) -> float: ...
     def eigh_s(self, n: int) -> float: ...
     def layer_eigh_s(self, layer: LayerShape) -> float: ...
     def precondition_s(self, layer: LayerShape) -> float: ...
@@ -58,8 +82,8 @@ class RatedCompute:
         at its own FLOPs and elements (:meth:`_module_s`). Without: each K-FAC layer from the
         profile's measured curve of its kind, else its FLOPs at the GEMM rate (backward =
         2 × forward), plus the elementwise layers' traffic. With ``kfac``, each layer's factor
-        update from its curve in the backward (the hooks compute the factors there; not
-        rated without a curve) and its forward hook's measured cost in the forward."""
+        update (:meth:`factor_s`) in the backward (the hooks compute the factors there) and
+        its forward hook's measured cost in the forward."""
         m = self.machine
         if m.modules and self.shape.modules:
             forward = backward = 0.0
@@ -75,9 +99,7 @@ class RatedCompute:
                 forward, backward = forward + f, backward + b
         if kfac:
             forward += len(self.shape.layers) * m.kfac_forward_layer_s
-            for layer in self.shape.layers:
-                measured = m.layer_s(layer_kind(layer), batch * layer.forward_flops)
-                backward += measured[2] if measured else 0.0
+            backward += sum(self.factor_s(layer, batch) for layer in self.shape.layers)
         return forward, backward
 
     def _layer_s(self, kind: str, flops: float) -> tuple[float, float]:
@@ -102,9 +124,29 @@ class RatedCompute:
         return traffic, 2 * traffic
 
     def factor_s(self, layer: LayerShape, batch: int) -> float:
+        """From the profile's curve of the layer's kind (its factor column), else its
+        factor FLOPs at the GEMM rate plus two kernel launches."""
+        measured = self.machine.layer_s(layer_kind(layer), batch * layer.forward_flops)
+        if measured is not None:
+            return measured[2]
         return batch * layer.factor_flops / self.machine.gemm_flops_per_s + (
             2 * self.machine.kernel_overhead_s
         )
+
+    def factor_commit_s(self, averaged: Tensors, checked: Tensors) -> float:
+        """At the profile's measured seconds per tensor and per element
+        (``factor_average_*``, ``finite_check_*``), else a kernel launch per tensor and the
+        elements' traffic at the memory rate."""
+        m = self.machine
+        average = (
+            m.factor_average_tensor_s or m.kernel_overhead_s,
+            m.factor_average_element_s or AVERAGE_BYTES / m.memory_bytes_per_s,
+        )
+        check = (
+            m.finite_check_tensor_s or m.kernel_overhead_s,
+            m.finite_check_element_s or CHECK_BYTES / m.memory_bytes_per_s,
+        )
+        return _priced(averaged, average) + _priced(checked, check)
 
     def eigh_s(self, n: int) -> float:
         return self.machine.eigh_s(n)
@@ -193,10 +235,13 @@ class MeasuredCompute:
     """Times the real operations of the real model on this machine's CPU with
     ``threads`` threads per rank (what ``OMP_NUM_THREADS`` gives each rank).
 
-    Per-layer operations are timed one by one (factor update from captured tensors, eigh,
-    preconditioning), then scaled so that their sums equal the phase totals the real
-    ``KFACPreconditioner`` reports over a few steps of the real model: the split over layers
-    comes from the micro-timings, the level from the real code (its bookkeeping included).
+    Per-layer operations are timed one by one (eigh, preconditioning), then scaled so that
+    their sums equal the phase totals the real ``KFACPreconditioner`` reports over a few steps
+    of the real model: the split over layers comes from the micro-timings, the level from the
+    real code (its bookkeeping included). Likewise the factor commit, from its per-element
+    costs, to the real ``factor_compute`` phase. A layer's factor update (from captured
+    tensors) is its own timing: with the factors computed in the backward hooks the real
+    phase holds no factor GEMMs to scale it to.
     """
 
     def __init__(self, shape: ModelShape, threads: int = 1, seed: int = 0) -> None:
@@ -217,6 +262,8 @@ class MeasuredCompute:
         self._eigh: dict[int, float] = {}
         self._precondition: dict[str, float] = {}
         self._optimizer: dict[int, float] = {}  # the update after a step at each batch
+        # (s per tensor, s per element) of the running averages' update, of the check
+        self._commit: tuple[tuple[float, float], tuple[float, float]] | None = None
 
     def _threads(self) -> _Threads:
         return _Threads(self.threads)
@@ -305,8 +352,23 @@ class MeasuredCompute:
 
     def factor_s(self, layer: LayerShape, batch: int) -> float:
         self.forward_backward_s(batch)
-        micro = [self._factor[(name, batch)] for name in self.kfac]
-        return self._factor[(layer.name, batch)] * self._scale(batch, "factor_compute", micro)
+        return self._factor[(layer.name, batch)]
+
+    def factor_commit_s(self, averaged: Tensors, checked: Tensors) -> float:
+        """The per-tensor and per-element costs timed here (layer_rates.py), scaled to the
+        real phase: the real preconditioner on one rank averages every factor and checks
+        every factor and gradient."""
+        if self._commit is None:
+            with self._threads():
+                cpu = torch.device("cpu")
+                self._commit = factor_average_costs(cpu), finite_check_costs(cpu)
+        average, check = self._commit
+        factors = Tensors(2 * len(self._shapes), sum(k.factor_elements for k in self._shapes))
+        every = Tensors(factors.number + self.shape.param_tensors,
+                        factors.elements + self.shape.params)  # fmt: skip
+        whole = _priced(factors, average) + _priced(every, check)
+        scale = self._scale(self._reference_batch(), "factor_compute", [whole])
+        return (_priced(averaged, average) + _priced(checked, check)) * scale
 
     def _reference_batch(self) -> int:
         """A batch at which the real preconditioner was measured (for batch-free phases)."""
@@ -356,6 +418,11 @@ class MeasuredCompute:
         gradients instead, the small CNN's update read 0.08 ms against 0.2 ms in the job."""
         self.forward_backward_s(batch)
         return self._optimizer[batch]
+
+
+def _priced(tensors: Tensors, costs: tuple[float, float]) -> float:
+    """Seconds of ``tensors`` at ``costs`` (s per tensor, s per element)."""
+    return tensors.number * costs[0] + tensors.elements * costs[1]
 
 
 def _factors(layer: KFACLayer, a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -15,7 +15,10 @@ its own passes: pass_timing.py). Also the job's optimizer update per parameter
 tensor (``optimizer_tensor_s``): on a CPU its update loops over the tensors, and a small
 model's update is mostly that loop. And what the K-FAC preconditioner's forward hook adds to
 a forward per layer (``kfac_forward_layer_s``), and what its ``step()`` takes beyond the
-phases it times (``kfac_step_overhead_s``).
+phases it times (``kfac_step_overhead_s``). And the per-element costs of what its
+``factor_compute`` phase runs after the factor reduction (``factor_average_element_s``: the
+running averages' update; ``finite_check_element_s``: the finiteness check; each with its
+cost per tensor, ``..._tensor_s``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from functools import partial
 import torch
 from torch import nn
 
+from kfac_hpc.contracts.options import OPTIONS
+from kfac_hpc.optim.factors import LayerFactors
+from kfac_hpc.optim.finite import all_finite
 from kfac_hpc.optim.layers import make_layer
 from kfac_hpc.optim.preconditioner import KFACPreconditioner
 from kfac_hpc.plan.calibrate import synchronize
@@ -41,10 +47,13 @@ from kfac_hpc.train.config import TrainConfig
 from kfac_hpc.train.optimizers import make_optimizer
 
 __all__ = [
+    "COMMIT_SETS",
     "CONV_CHANNELS",
     "LINEAR_WIDTHS",
     "MODULE_SAMPLES",
     "ModuleFits",
+    "factor_average_costs",
+    "finite_check_costs",
     "kfac_forward_layer_s",
     "kfac_step_overhead_s",
     "layer_curve",
@@ -206,6 +215,71 @@ def kfac_step_overhead_s(device: torch.device) -> float:
             outside.append(took - sum(preconditioner.last_timings.values()))
         optimizer.step()
     return max(0.0, statistics.fmean(outside))
+
+
+# (tensors, side) of the factor sets the commit is timed on: many small factors to one large
+# one, so that the cost of a tensor and that of an element come apart
+COMMIT_SETS = ((32, 8), (16, 32), (8, 64), (4, 256), (1, 1024))
+
+
+def _factors(count: int, side: int, device: torch.device) -> list[torch.Tensor]:
+    """``count`` symmetric factors of ``side`` (the batch statistics a step folds in)."""
+    generator = torch.Generator().manual_seed(side)
+    out = []
+    for _ in range(count):
+        m = torch.randn(side, side, generator=generator).to(device)
+        out.append(m @ m.T / side)
+    return out
+
+
+def _commit_s(steps: list[torch.Tensor], device: torch.device) -> float:
+    """Seconds of the preconditioner's commit of ``steps`` into running averages, factor after
+    factor (``LayerFactors.commit``: ``lerp`` toward the step's factor, into a new tensor, with
+    the job's decay)."""
+    decay = float(OPTIONS["factor_decay"].default)
+    running = [LayerFactors() for _ in steps]
+    for factors, step in zip(running, steps, strict=True):  # the first commit starts them
+        factors.set_pending("A", step.clone(), 1)
+        factors.commit(decay, keep_g=False)
+
+    def commit() -> None:
+        for factors, step in zip(running, steps, strict=True):
+            factors.set_pending("A", step, 1)
+            factors.commit(decay, keep_g=False)
+
+    return per_call_s(commit, device)
+
+
+def _check_s(tensors: list[torch.Tensor], device: torch.device) -> float:
+    """Seconds of the preconditioner's finiteness check of ``tensors`` (``all_finite``: a
+    summing pass a tensor, one host sync)."""
+    return per_call_s(partial(all_finite, tensors), device)
+
+
+def _tensor_costs(
+    seconds: Callable[[list[torch.Tensor], torch.device], float], device: torch.device
+) -> tuple[float, float]:
+    """(seconds per tensor, seconds per element) of ``seconds`` over the sets of COMMIT_SETS:
+    each set's time per tensor fitted as ``tensor + elements · element`` (module_fits.py's
+    non-negative least squares of the relative error)."""
+    points = []
+    for count, side in COMMIT_SETS:
+        each = seconds(_factors(count, side, device), device) / count
+        points.append((0.0, float(side * side), each, each))
+    tensor, _, element = fit_module(points).forward
+    return tensor, element
+
+
+def factor_average_costs(device: torch.device) -> tuple[float, float]:
+    """(s per tensor, s per element) of the running averages' update as the preconditioner
+    commits a step's factors."""
+    return _tensor_costs(_commit_s, device)
+
+
+def finite_check_costs(device: torch.device) -> tuple[float, float]:
+    """(s per tensor, s per element) of the preconditioner's finiteness check of a step's
+    factors and gradients."""
+    return _tensor_costs(_check_s, device)
 
 
 Sample = tuple[Callable[[], nn.Module], tuple[int, ...]]  # a module's factory, its input shape

@@ -62,6 +62,7 @@ __all__ = [
     "StepMemory",
     "basis_element_bytes",
     "device_memory",
+    "factor_copies",
     "preconditioner_assignment",
 ]
 
@@ -257,10 +258,17 @@ def _optimizer_bytes(cfg: MemoryConfig, params: float) -> float:
     return params if cfg.momentum > 0 else 0.0
 
 
+def factor_copies(assignment: KAISAAssignment) -> int:
+    """The ranks that keep each running factor: every rank when the factors are allreduced
+    to all (COMM-OPT), else its decomposing worker alone (eigen method, the default)."""
+    allreduced = assignment.grad_worker_count == assignment.world_size
+    return assignment.world_size if allreduced else 1
+
+
 def _kfac_state(trace: _Trace, assignment: KAISAAssignment, rank: int) -> tuple[float, float, int]:
     """(running factors, second-order data, the n of the largest factor this rank
     decomposes) on ``rank``: eigen method, eigenvalue outer product on (the defaults)."""
-    allreduced = assignment.grad_worker_count == assignment.world_size
+    allreduced = factor_copies(assignment) == assignment.world_size
     factors = second = 0.0
     owned: list[int] = []
     for layer in trace.layers:

@@ -23,13 +23,14 @@ from kfac_hpc.contracts import PHASES
 from kfac_hpc.contracts.options import OPTIONS
 from kfac_hpc.optim.fosi.curvature_batch import subset_size
 from kfac_hpc.optim.fosi.options import lanczos_steps
-from kfac_hpc.plan.compute_costs import ComputeCosts
+from kfac_hpc.plan.compute_costs import ComputeCosts, Tensors
 from kfac_hpc.plan.layers import ModelShape
 from kfac_hpc.plan.memory import (
     DeviceMemory,
     MemoryConfig,
     MemoryModel,
     basis_element_bytes,
+    factor_copies,
     preconditioner_assignment,
 )
 from kfac_hpc.plan.overhead import JobOverhead
@@ -95,6 +96,7 @@ class PlanConfig:
     fosi_warmup: int = _fosi_default("fosi_warmup")
     fosi_ese_check: bool = _fosi_default("fosi_ese_check")
     steps: int | None = None  # the run's steps (None: a long run, the ESE's steady state)
+    update_factors_in_hook: bool = OPTIONS["update_factors_in_hook"].default
 
     @property
     def kfac(self) -> bool:
@@ -308,10 +310,15 @@ class CostModel:
         slow = self._contention(cfg.ranks)
         forward, backward = self.compute.forward_backward_s(cfg.local_batch)
         if cfg.kfac:
-            # the hooks' work (capturing, factor reduction in the hooks) on factor steps only
+            # the hooks' work (capturing, factor reduction in the hooks) on factor steps only;
+            # without hook updates they keep the output gradients and step() computes the
+            # factors (factor_compute)
             hooked = self.compute.forward_backward_s(cfg.local_batch, kfac=True)
+            in_hooks = hooked[1] - backward
+            if not cfg.update_factors_in_hook:
+                in_hooks -= self._factors_s(cfg)
             forward += max(0.0, hooked[0] - forward) / cfg.factor_update_steps
-            backward += max(0.0, hooked[1] - backward) / cfg.factor_update_steps
+            backward += max(0.0, in_hooks) / cfg.factor_update_steps
         data = self.host.job.data_s_per_sample * cfg.local_batch
         phases["forward"], phases["backward"] = forward * slow, backward * slow
         phases["data"] = data * slow
@@ -342,11 +349,21 @@ class CostModel:
         layers, p = self.shape.layers, cfg.ranks
         assignment = kfac_assignment(self.shape, cfg)
         f, i = cfg.factor_update_steps, cfg.inv_update_steps
-        factor_bytes = sum(layer.factor_elements for layer in layers) * _FLOAT_BYTES
-        factors = sum(self.compute.factor_s(layer, cfg.local_batch) for layer in layers)
-        # + the factors' finiteness agreement across ranks (one allreduce of a flag)
+        factor_elements = sum(layer.factor_elements for layer in layers)
+        factor_bytes = factor_elements * _FLOAT_BYTES
+        factors = self._factors_s(cfg)
+        # after the reduction (preconditioner._commit_factors): the finiteness check of the
+        # factors this rank keeps and of every gradient, the agreement across ranks (one
+        # allreduce of a flag), the running averages' update of the factors it keeps; the
+        # mean over ranks (the same work on each under COMM-OPT)
+        share = factor_copies(assignment) / p
+        kept = Tensors(2 * len(layers) * share, factor_elements * share)
+        checked = Tensors(kept.number + self.shape.param_tensors, kept.elements + self.shape.params)
+        commit = self.compute.factor_commit_s(kept, checked)
         agreement = collective_s(self.network, "allreduce", 4, p)
-        phases["factor_compute"] = (slow * factors + agreement) / f
+        # the factor GEMMs: in the backward hooks (priced in the backward), else here
+        gemms = 0.0 if cfg.update_factors_in_hook else factors
+        phases["factor_compute"] = (slow * (gemms + commit) + agreement) / f
         phases["factor_comm"] = (
             bucketed_allreduce_s(self.network, factor_bytes, p, cfg.bucket_mb)
             + self._wait(p, factors)
@@ -386,6 +403,10 @@ class CostModel:
             )
         else:  # one row: the next collective is the next step's gradient allreduce
             phases["grad_allreduce"] += behind
+
+    def _factors_s(self, cfg: PlanConfig) -> float:
+        """Every layer's factor update (the factor GEMMs) at the local batch."""
+        return sum(self.compute.factor_s(layer, cfg.local_batch) for layer in self.shape.layers)
 
     def kfac_collectives(
         self, cfg: PlanConfig, assignment: KAISAAssignment | None = None

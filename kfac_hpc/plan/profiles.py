@@ -74,7 +74,13 @@ class MachineProfile:
     what the K-FAC preconditioner's forward hook adds per layer to a factor step's forward
     (keeping the input, registering the output-gradient hook). ``kfac_step_overhead_s``: the
     preconditioner's ``step()`` per step outside the phases it times (its bookkeeping: the
-    job's ``other``). ``modules``: ``(kind,
+    job's ``other``). ``factor_average_element_s`` / ``finite_check_element_s``: seconds per
+    element of the factors' running-average update (``lerp`` into a new tensor) and of the
+    finiteness check's summing pass, as the preconditioner runs them after the factor
+    reduction (0: not measured; priced as the elements' traffic at ``memory_bytes_per_s``);
+    ``factor_average_tensor_s`` / ``finite_check_tensor_s``: their seconds per tensor (0: not
+    measured; one kernel launch, ``kernel_overhead_s``).
+    ``modules``: ``(kind,
     fit)`` of module kinds priced by their own shape (module_fits.py; ``[machine.modules]``
     in the file): when given, every module of a kind it holds is priced by its fit.
     """
@@ -97,6 +103,10 @@ class MachineProfile:
     optimizer_tensor_s: float = 0.0
     kfac_forward_layer_s: float = 0.0
     kfac_step_overhead_s: float = 0.0
+    factor_average_element_s: float = 0.0
+    factor_average_tensor_s: float = 0.0
+    finite_check_element_s: float = 0.0
+    finite_check_tensor_s: float = 0.0
     modules: tuple[tuple[str, ModuleFit], ...] = ()
 
     def module_fit(self, kind: str) -> ModuleFit | None:
@@ -200,6 +210,10 @@ PROFILE_FIELDS: tuple[ProfileField, ...] = (
     ProfileField("machine", "optimizer_tensor_s", "float", 0.0, 1.0, 0.0, "s"),
     ProfileField("machine", "kfac_forward_layer_s", "float", 0.0, 1.0, 0.0, "s"),
     ProfileField("machine", "kfac_step_overhead_s", "float", 0.0, 60.0, 0.0, "s"),
+    ProfileField("machine", "factor_average_element_s", "float", 0.0, 1e-3, 0.0, "s"),
+    ProfileField("machine", "factor_average_tensor_s", "float", 0.0, 1.0, 0.0, "s"),
+    ProfileField("machine", "finite_check_element_s", "float", 0.0, 1e-3, 0.0, "s"),
+    ProfileField("machine", "finite_check_tensor_s", "float", 0.0, 1.0, 0.0, "s"),
     ProfileField("network", "ranks_per_node", "int", 1, 1024),
     ProfileField("network", "nics_per_node", "int", 0, 1024, 0),
     *(

@@ -49,6 +49,8 @@ from kfac_hpc.plan.calibrate import (
     synchronize,
 )
 from kfac_hpc.plan.layer_rates import (
+    factor_average_costs,
+    finite_check_costs,
     kfac_forward_layer_s,
     kfac_step_overhead_s,
     layer_curve,
@@ -149,7 +151,8 @@ def _device_rates(
     device: torch.device, sizes: Sequence[int], model: str | None = None, dataset: str = ""
 ) -> dict[str, object]:
     """Eigendecomposition seconds at ``sizes``, GEMM FLOP/s, elementwise bytes/s, the layer
-    curves, the optimizer's cost per tensor and the module kinds' fits (over ``model``'s own
+    curves, the optimizer's cost per tensor, K-FAC's hook and step costs, the per-tensor
+    and per-element costs of its factor commit and the module kinds' fits (over ``model``'s own
     modules on ``dataset``'s input too, when given)."""
     curve = []
     for n in sizes:
@@ -164,6 +167,7 @@ def _device_rates(
     curves = {f"{kind}_curve": layer_curve(kind, device) for kind in ("conv", "linear")}
     optimizer = optimizer_tensor_s(device)
     hook, kfac_step = _kfac_costs(device)
+    average, check = factor_average_costs(device), finite_check_costs(device)
     extra, timings = [], []
     if model is not None:
         net = build_network(model, dataset)
@@ -178,6 +182,10 @@ def _device_rates(
         "optimizer": optimizer,
         "kfac_forward_layer": hook,
         "kfac_step_overhead": kfac_step,
+        "factor_average_tensor": average[0],
+        "factor_average_element": average[1],
+        "finite_check_tensor": check[0],
+        "finite_check_element": check[1],
         "modules": modules,
         "module_notes": fits.notes(),
         **curves,
@@ -351,6 +359,16 @@ def profile_text(
             [f"kfac_step_overhead_s = {rates['kfac_step_overhead']:.6g}"]
             if "kfac_step_overhead" in rates
             else []
+        ),
+        *(
+            f"{key}_s = {rates[key]:.6g}"
+            for key in (
+                "factor_average_tensor",
+                "factor_average_element",
+                "finite_check_tensor",
+                "finite_check_element",
+            )
+            if key in rates
         ),
         *(host.machine_lines() if host else []),
         *_module_lines(rates.get("modules"), model, rates.get("module_notes", [])),

@@ -249,6 +249,9 @@ def test_a_good_profile_prints_finite_times(tmp_path: Path) -> None:
     [
         (["--fosi-k", "99999999999999999999"], "--fosi-k"),
         (["--fosi-k", "0"], "--fosi-k"),
+        (["--fosi-l", "-1"], "--fosi-l"),
+        (["--lanczos-iters", "0"], "--lanczos-iters"),
+        (["--fosi-k", "4", "--fosi-l", "2", "--lanczos-iters", "5"], "--lanczos-iters"),
         (["--ese-every", "2147483648"], "--ese-every"),
         (["--ese-every", "0"], "--ese-every"),
         (["--fosi-curvature-fraction", "0"], "--fosi-curvature-fraction"),
@@ -444,7 +447,8 @@ def test_the_ese_flags_are_the_jobs() -> None:
         return {o for p in params for o in (*p.opts, *p.secondary_opts)}
 
     job, ours = spelled(train), spelled(plan_command)
-    for flag in (*_ESE_FLAGS, "--no-fosi-keep-basis", "--fosi-k", "--ese-every"):
+    for flag in (*_ESE_FLAGS, "--no-fosi-keep-basis", "--fosi-k", "--ese-every", "--fosi-l",
+                 "--lanczos-iters"):  # fmt: skip
         assert flag in ours and flag in job, flag
 
 
@@ -474,3 +478,34 @@ def test_the_ese_flags_reach_the_cost_model(monkeypatch: pytest.MonkeyPatch) -> 
     assert (given.fosi_reorthogonalize, given.fosi_keep_basis) == ("partial", True)
     assert (default.fosi_curvature_fraction, default.fosi_lanczos_dtype) == (1.0, "float64")
     assert (default.fosi_reorthogonalize, default.fosi_keep_basis) == ("full", False)
+
+
+@pytest.mark.parametrize(
+    ("args", "field", "given", "default"),
+    [
+        (["--fosi-l", "3"], "fosi_l", 3, 0),
+        (["--lanczos-iters", "24"], "lanczos_iters", 24, None),
+    ],
+)
+def test_the_pair_flags_reach_the_cost_model(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], field: str, given: int, default: object
+) -> None:
+    """--fosi-l and --lanczos-iters set the predicted configurations' fields of those names;
+    left out, the job's defaults (l = 0, lanczos_iters unset: 4(k + l))."""
+    from kfac_hpc.plan import planner
+
+    seen = []
+    original = planner.predict_all
+
+    def recording(*a: object, **kwargs: object) -> list:
+        out = original(*a, **kwargs)  # type: ignore[arg-type]
+        seen.extend(p.config for p in out)
+        return out
+
+    monkeypatch.setattr(planner, "predict_all", recording)
+    fosi = ["--methods", "fosi", "--ranks", "2"]
+    for extra in (args, []):
+        result = plan(*CHEAP[:6], *fosi, *extra)
+        assert result.exit_code == 0, result.stderr
+    with_flag, without = seen
+    assert (getattr(with_flag, field), getattr(without, field)) == (given, default)

@@ -71,7 +71,8 @@ def test_each_module_is_priced_by_its_kind_s_fit(batch: int) -> None:
 
 def test_a_kind_without_a_fit_is_priced_as_without_fits() -> None:
     """No conv fit: the convolutions from the conv curve (log-log, inside it), the rest
-    from their fits; with ``kfac`` the hooks' factor update from the curve is added."""
+    from their fits; with ``kfac`` the hooks' factor update is added: from the curve for the
+    convolutions, at the GEMM rate (+ 2 kernel launches) for the linear layers (no curve)."""
     fits = {k: v for k, v in FITS.items() if k != "conv"}
     machine = _machine(fits, conv_curve=CONV)
     batch = 32
@@ -85,6 +86,10 @@ def test_a_kind_without_a_fit_is_priced_as_without_fits() -> None:
         else:
             f, b = fits[kind].seconds(batch * flops, batch * elements)
             forward, backward = forward + f, backward + b
+    for layer in SHAPE.layers:
+        if layer.rows == 1:  # a linear layer
+            rated = batch * layer.factor_flops / machine.gemm_flops_per_s
+            factor += rated + 2 * machine.kernel_overhead_s
     compute = RatedCompute(machine, SHAPE)
     assert compute.forward_backward_s(batch) == pytest.approx((forward, backward), rel=1e-9)
     with_hooks = compute.forward_backward_s(batch, kfac=True)
