@@ -16,7 +16,7 @@ from kfac_hpc.plan.alphabeta import AlphaBeta
 from kfac_hpc.plan.compute_costs import RatedCompute
 from kfac_hpc.plan.explain import config_of_run
 from kfac_hpc.plan.layers import model_shape
-from kfac_hpc.plan.model import CostModel, PlanConfig, collective_s
+from kfac_hpc.plan.model import CostModel, Host, PlanConfig, collective_s
 from kfac_hpc.plan.planner import build_cost_model, predict_all
 from kfac_hpc.plan.profiles import MachineProfile, NetworkProfile
 
@@ -159,7 +159,8 @@ def test_sharded_base_and_its_collectives_at_p_ranks() -> None:
     pred = model.predict(_cfg(p))
     rate = 20 * n / model.compute.optimizer_s(64)
     local = model.compute.optimizer_s(64) / p + 2 * 3 * 4 * n / p / rate
-    scalars = collective_s(NET, "allreduce", 12, p)  # the k = 3 projections
+    # (V g, V v) in one allreduce of 2 × 3 float32, then V d2 in one of 3 (FOSI._update)
+    scalars = collective_s(NET, "allreduce", 24, p) + collective_s(NET, "allreduce", 12, p)
     assert pred.phases_s["optimizer"] == pytest.approx(local + scalars)
     # the gradient reduce-scattered and the parameters all-gathered: half an allreduce each,
     # in the job's own phases (no host: no sync wait)
@@ -287,3 +288,32 @@ def test_fosi_run_config_and_planner() -> None:
     assert pred.phases_s["ese"] > 0 and pred.step_s > sum(
         v for k, v in pred.phases_s.items() if k != "ese"
     )
+
+
+@pytest.mark.parametrize("reorthogonalize", ["full", "partial"])
+def test_every_collective_waits_what_the_sync_fit_says(reorthogonalize: str) -> None:
+    """With a sync fit (a collective after T s of compute waits a + b·T), each of FOSI's
+    collectives waits after the compute before it: the gradient's reduce-scatter after the
+    data, forward and backward; the update's two allreduces after half the update each; the
+    all-gather after none; in an ESE each product's reduce-scatter after its 2 backwards on the
+    curvature batch, every other collective (the vector's gather, 2 scalar allreduces a step,
+    2 more with full reorthogonalization) after none, the check's after its forward."""
+    a, b, p = 1e-3, 0.5, 4
+    shape = model_shape("small_cnn", "digits")
+    plain = CostModel(shape, RatedCompute(MACHINE, shape), NET, Host())
+    synced = CostModel(shape, RatedCompute(MACHINE, shape), NET, Host(sync=((2, a, b),)))
+    cfg = _cfg(p, fosi_curvature_fraction=0.25, fosi_reorthogonalize=reorthogonalize)
+    before, after = plain.predict(cfg).phases_s, synced.predict(cfg).phases_s
+    forward, backward = _passes(plain)
+    update = before["optimizer"] - (
+        collective_s(NET, "allreduce", 24, p) + collective_s(NET, "allreduce", 12, p)
+    )
+    assert after["grad_allreduce"] - before["grad_allreduce"] == pytest.approx(
+        a + b * (forward + backward)
+    )
+    assert after["optimizer"] - before["optimizer"] == pytest.approx(2 * (a + b * update / 2))
+    assert after["param_allgather"] - before["param_allgather"] == pytest.approx(a)
+    m, share = 12, 16 / 64
+    others = m * (1 + 2 + (2 if reorthogonalize == "full" else 0))
+    waits = m * (a + b * share * 2 * backward) + others * a + (a + b * share * forward)
+    assert (after["ese"] - before["ese"]) * cfg.ese_every == pytest.approx(waits)
