@@ -360,7 +360,9 @@ class CostModel:
         kept = Tensors(2 * len(layers) * share, factor_elements * share)
         checked = Tensors(kept.number + self.shape.param_tensors, kept.elements + self.shape.params)
         commit = self.compute.factor_commit_s(kept, checked)
-        agreement = collective_s(self.network, "allreduce", 4, p)
+        # the agreement waits as the sync fit says after the check before it (priced with the
+        # commit: the check and the averages' update are one loop)
+        agreement = collective_s(self.network, "allreduce", 4, p) + self._wait(p, commit)
         # the factor GEMMs: in the backward hooks (priced in the backward), else here
         gemms = 0.0 if cfg.update_factors_in_hook else factors
         phases["factor_compute"] = (slow * (gemms + commit) + agreement) / f

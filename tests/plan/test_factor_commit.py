@@ -57,8 +57,15 @@ def _real_counts() -> tuple[Tensors, Tensors]:
 (FACTOR_TENSORS, FACTORS), (GRAD_TENSORS, GRADS) = _real_counts()
 
 
-def _predict(method: str, ranks: int, in_hook: bool = True, machine: MachineProfile = MACHINE):
-    model = CostModel(SHAPE, RatedCompute(machine, SHAPE), NET, Host(cores_per_node=1))
+def _predict(
+    method: str,
+    ranks: int,
+    in_hook: bool = True,
+    machine: MachineProfile = MACHINE,
+    sync: tuple[tuple[int, float, float], ...] = (),
+):
+    host = Host(cores_per_node=1, sync=sync)
+    model = CostModel(SHAPE, RatedCompute(machine, SHAPE), NET, host)
     cfg = PlanConfig(method, ranks, 64, "weak", 2, 10, update_factors_in_hook=in_hook)
     return model, model.predict(cfg)
 
@@ -93,6 +100,18 @@ def test_factor_compute_is_the_commit_of_the_kept_factors(
     agreement = collective_s(NET, "allreduce", 4, ranks)
     expected = (slow * commit + agreement) / 2
     assert pred.phases_s["factor_compute"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_agreement_waits_what_the_sync_fit_says_after_the_commit() -> None:
+    """With a sync fit (a collective after T s of compute waits a + b·T), the agreement
+    allreduce waits after the commit's uncontended compute: (a + b·commit) / f more."""
+    a, b, ranks = 1e-3, 0.5, 4
+    _, plain = _predict("kfac-comm-opt", ranks)
+    _, synced = _predict("kfac-comm-opt", ranks, sync=((2, a, b),))
+    average = AVERAGE_TENSOR_S * FACTOR_TENSORS + AVERAGE_S * FACTORS
+    check = CHECK_TENSOR_S * (FACTOR_TENSORS + GRAD_TENSORS) + CHECK_S * (FACTORS + GRADS)
+    grown = synced.phases_s["factor_compute"] - plain.phases_s["factor_compute"]
+    assert grown == pytest.approx((a + b * (average + check)) / 2, rel=1e-9)
 
 
 def test_without_hook_updates_the_gemms_move_from_backward_to_factor_compute() -> None:
