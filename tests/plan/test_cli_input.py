@@ -452,9 +452,9 @@ def test_the_ese_flags_are_the_jobs() -> None:
         assert flag in ours and flag in job, flag
 
 
-def test_the_ese_flags_reach_the_cost_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Given, the ESE's options are the predicted configurations'; left out, the job's
-    defaults."""
+def _fosi_configs(monkeypatch: pytest.MonkeyPatch, *extras: list[str]) -> list:
+    """The configuration ``plan`` predicts for FOSI at 2 ranks with each of ``extras``'
+    flags added, one ``plan`` run each (which must succeed)."""
     from kfac_hpc.plan import planner
 
     seen = []
@@ -466,14 +466,18 @@ def test_the_ese_flags_reach_the_cost_model(monkeypatch: pytest.MonkeyPatch) -> 
         return out
 
     monkeypatch.setattr(planner, "predict_all", recording)
-    fosi = ["--methods", "fosi", "--ranks", "2"]
+    for extra in extras:
+        result = plan(*CHEAP[:6], "--methods", "fosi", "--ranks", "2", *extra)
+        assert result.exit_code == 0, result.stderr
+    return seen
+
+
+def test_the_ese_flags_reach_the_cost_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Given, the ESE's options are the predicted configurations'; left out, the job's
+    defaults."""
     chosen = ["--fosi-curvature-fraction", "0.25", "--fosi-lanczos-dtype", "training"]
     chosen += ["--fosi-reorthogonalize", "partial", "--fosi-keep-basis"]
-    result = plan(*CHEAP[:6], *fosi, *chosen)
-    assert result.exit_code == 0, result.stderr
-    result = plan(*CHEAP[:6], *fosi)
-    assert result.exit_code == 0, result.stderr
-    given, default = seen
+    given, default = _fosi_configs(monkeypatch, chosen, [])
     assert (given.fosi_curvature_fraction, given.fosi_lanczos_dtype) == (0.25, "training")
     assert (given.fosi_reorthogonalize, given.fosi_keep_basis) == ("partial", True)
     assert (default.fosi_curvature_fraction, default.fosi_lanczos_dtype) == (1.0, "float64")
@@ -492,20 +496,5 @@ def test_the_pair_flags_reach_the_cost_model(
 ) -> None:
     """--fosi-l and --lanczos-iters set the predicted configurations' fields of those names;
     left out, the job's defaults (l = 0, lanczos_iters unset: 4(k + l))."""
-    from kfac_hpc.plan import planner
-
-    seen = []
-    original = planner.predict_all
-
-    def recording(*a: object, **kwargs: object) -> list:
-        out = original(*a, **kwargs)  # type: ignore[arg-type]
-        seen.extend(p.config for p in out)
-        return out
-
-    monkeypatch.setattr(planner, "predict_all", recording)
-    fosi = ["--methods", "fosi", "--ranks", "2"]
-    for extra in (args, []):
-        result = plan(*CHEAP[:6], *fosi, *extra)
-        assert result.exit_code == 0, result.stderr
-    with_flag, without = seen
+    with_flag, without = _fosi_configs(monkeypatch, args, [])
     assert (getattr(with_flag, field), getattr(without, field)) == (given, default)
