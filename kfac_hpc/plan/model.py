@@ -494,45 +494,47 @@ class CostModel:
         phases["optimizer"] = slow * update + 2 * self._wait(p, update / 2)
         phases["optimizer"] += collective_s(self.network, "allreduce", 2 * pairs * 4, p)
         phases["optimizer"] += collective_s(self.network, "allreduce", pairs * 4, p)
-        phases["param_allgather"] = half_allreduce + self._wait(p, 0.0)
+        idle = self._wait(p, 0.0)  # of a collective after almost no compute
+        phases["param_allgather"] = half_allreduce + idle
         share = cfg.curvature_share
         product = share * 2 * backward
         passes = share * (forward + backward) + iters * product
         checked = 0.0
         if cfg.fosi_ese_check:
             passes += share * forward
-            checked = collective_s(self.network, "allreduce", 16, p) + self._wait(
-                p, share * forward
-            )
-        traffic, collectives, count = self._lanczos_steps(cfg, iters)
+            wait = self._wait(p, share * forward)
+            checked = collective_s(self.network, "allreduce", 16, p) + wait
+        traffic, collectives = self._lanczos_steps(cfg, iters, idle)
         ese = slow * (passes + traffic / rate) + iters * 2 * half_allreduce
         # every collective waits as the sync fit says after the compute before it: the
-        # product's reduce-scatter after the product, the others after a few vector passes
-        waits = iters * self._wait(p, product) + (iters + count) * self._wait(p, 0.0)
+        # product's reduce-scatter after the product, the vector's gather after almost none
+        waits = iters * (self._wait(p, product) + idle)
         phases["ese"] = (ese + collectives + waits + checked) * cfg.ese_per_step
 
-    def _lanczos_steps(self, cfg: PlanConfig, iters: int) -> tuple[float, float, int]:
-        """(bytes of elementwise traffic, seconds and count of small collectives) of ``iters``
-        Lanczos steps outside their products and of the Ritz vectors they give, as lanczos.py
-        runs them in ``cfg``'s basis dtype and reorthogonalization mode."""
+    def _lanczos_steps(self, cfg: PlanConfig, iters: int, idle: float) -> tuple[float, float]:
+        """(bytes of elementwise traffic, seconds of small collectives, each with its wait
+        ``idle`` after a few vector passes) of ``iters`` Lanczos steps outside their products
+        and of the Ritz vectors they give, as lanczos.py runs them in ``cfg``'s basis dtype and
+        reorthogonalization mode."""
         p, shard = cfg.ranks, self.shape.params / cfg.ranks
         width = basis_element_bytes(cfg.fosi_lanczos_dtype)
         # a float64 basis: the vector cast to the parameters' dtype for the product, the
         # product cast back (a read and a write each)
         casts = 0 if width == _FLOAT_BYTES else 2 * (width + _FLOAT_BYTES)
         traffic = iters * shard * (_STEP_PASSES * width + casts)
+
         # each step: ⟨Hq, q⟩ and ‖Hq‖² in one allreduce of 2 float64, the residual's norm in one
-        one = collective_s(self.network, "allreduce", 8, p)
-        collectives = iters * (collective_s(self.network, "allreduce", 16, p) + one)
-        count = 2 * iters
+        def small(nbytes: int) -> float:
+            return collective_s(self.network, "allreduce", nbytes, p) + idle
+
+        collectives = iters * (small(16) + small(8))
         if cfg.fosi_reorthogonalize == "full":
             for j in range(iters):  # the basis' j + 1 rows read twice, j + 1 coefficients
                 traffic += shard * width * (2 * (j + 1) + _REORTH_PASSES)
-                collectives += collective_s(self.network, "allreduce", 8 * (j + 1), p) + one
-            count += 2 * iters
+                collectives += small(8 * (j + 1)) + small(8)
         # the Ritz vectors: the basis' rows read once, the k + l vectors written
         traffic += shard * width * (iters + cfg.fosi_k + cfg.fosi_l)
-        return traffic, collectives, count
+        return traffic, collectives
 
     def _memory_rate(self, batch: int) -> float:
         """Bytes per second of elementwise traffic: the optimizer's (5 × 4 bytes per
